@@ -1,0 +1,150 @@
+"""Config loading: verl keys, overrides, unknown-key suggestions, unimplemented-key warnings."""
+
+import warnings
+from pathlib import Path
+
+import pytest
+
+from configs import ConfigError, ConfigWarning, TandemConfig, load_config
+
+pytestmark = pytest.mark.unit
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _quiet_load(source, overrides=()):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConfigWarning)
+        return load_config(source, overrides)
+
+
+@pytest.mark.parametrize("name", ["sql_agent_qwen25_coder.yaml", "gsm8k_tool_agent.yaml", "demo_cpu.yaml"])
+def test_shipped_configs_load(name):
+    cfg = _quiet_load(ROOT / "configs" / name)
+    assert isinstance(cfg, TandemConfig)
+
+
+def test_seed_config_values():
+    cfg = _quiet_load(ROOT / "configs" / "sql_agent_qwen25_coder.yaml")
+    arr = cfg.actor_rollout_ref
+    assert arr.model.path == "Qwen/Qwen2.5-Coder-1.5B-Instruct"
+    assert arr.model.override_config == {"attn_implementation": "sdpa"}
+    assert (arr.actor.clip_low, arr.actor.clip_high) == (0.2, 0.28)
+    assert arr.rollout.engine_kwargs["vllm"]["tool_call_parser"] == "qwen25_coder"
+    assert arr.rollout.engine_kwargs["vllm"]["num_gpu_blocks_override"] == 256
+    assert cfg.trainer.logger == ["console", "wandb"]
+    assert cfg.max_model_len == 8192
+    assert cfg.data.return_raw_chat is True and arr.rollout.mode == "async"
+
+
+def test_seed_config_warnings_name_the_keys():
+    with pytest.warns(ConfigWarning) as record:
+        load_config(ROOT / "configs" / "sql_agent_qwen25_coder.yaml")
+    text = "\n".join(str(w.message) for w in record)
+    assert "ppo_mini_batch_size=16" in text
+    assert "tool_call_parser=qwen25_coder" in text
+
+
+def test_typo_names_path_and_suggests():
+    with pytest.raises(ConfigError) as err:
+        _quiet_load(ROOT / "configs" / "sql_agent_qwen25_coder.yaml", ["actor_rollout_ref.actor.clip_ratio_hgh=0.3"])
+    msg = str(err.value)
+    assert "actor_rollout_ref.actor.clip_ratio_hgh" in msg
+    assert "did you mean actor_rollout_ref.actor.clip_ratio_high" in msg
+
+
+def test_typo_in_nested_yaml_dict():
+    with pytest.raises(ConfigError, match=r"data\.max_promt_length; did you mean data\.max_prompt_length"):
+        load_config({"data": {"max_promt_length": 10}})
+
+
+def test_overrides_parse_like_yaml_scalars():
+    cfg = load_config(None, [
+        "actor_rollout_ref.rollout.n=8",
+        "actor_rollout_ref.actor.optim.lr=3e-6",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "trainer.logger=[console,mlflow]",
+        "data.val_files=null",
+        "+trainer.experiment_name=abc",
+    ])
+    arr = cfg.actor_rollout_ref
+    assert arr.rollout.n == 8
+    assert arr.actor.optim.lr == pytest.approx(3e-6)
+    assert arr.actor.use_kl_loss is True
+    assert cfg.trainer.logger == ["console", "mlflow"]
+    assert cfg.data.val_files is None
+    assert cfg.trainer.experiment_name == "abc"
+
+
+def test_bad_override_shape():
+    with pytest.raises(ConfigError, match="dotted.key=value"):
+        load_config(None, ["actor_rollout_ref.rollout.n"])
+
+
+def test_unimplemented_verl_key_warns_once_and_loads():
+    with pytest.warns(ConfigWarning) as record:
+        cfg = load_config({"trainer": {"critic_warmup": 0, "balance_batch": True}, "critic": {"ppo_epochs": 1}})
+    messages = [str(w.message) for w in record]
+    assert sum("trainer.critic_warmup" in m for m in messages) == 1
+    assert sum("trainer.balance_batch" in m for m in messages) == 1
+    assert sum(m.startswith("critic:") for m in messages) == 1
+    assert cfg.trainer.experiment_name == "run"
+
+
+def test_sync_mode_is_explained():
+    with pytest.raises(ConfigError, match="always server-based and asynchronous"):
+        load_config(None, ["actor_rollout_ref.rollout.mode=sync"])
+
+
+def test_defaults_are_async_and_raw_chat():
+    cfg = load_config(None)
+    assert cfg.actor_rollout_ref.rollout.mode == "async"
+    assert cfg.data.return_raw_chat is True
+
+
+def test_max_model_len_must_fit_prompt_and_response():
+    with pytest.raises(ConfigError, match=r"max_model_len=1000 is smaller than .* = 1536"):
+        load_config(None, ["data.max_prompt_length=1024", "data.max_response_length=512",
+                           "actor_rollout_ref.rollout.max_model_len=1000"])
+
+
+def test_mini_batch_must_divide_batch():
+    with pytest.raises(ConfigError, match="not a multiple"):
+        load_config(None, ["data.train_batch_size=6", "actor_rollout_ref.actor.ppo_mini_batch_size=4"])
+
+
+def test_mini_batch_larger_than_batch_warns():
+    with pytest.warns(ConfigWarning, match="whole batch as one mini-batch"):
+        load_config(None, ["data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4"])
+
+
+def test_bounds_are_enforced_with_path():
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref\.rollout\.n: Input should be greater than or equal to 1"):
+        load_config(None, ["actor_rollout_ref.rollout.n=0"])
+    with pytest.raises(ConfigError, match=r"data\.truncation"):
+        load_config(None, ["data.truncation=sideways"])
+
+
+def test_grpo_needs_a_group():
+    with pytest.raises(ConfigError, match="rollout.n >= 2"):
+        load_config(None, ["actor_rollout_ref.rollout.n=1"])
+
+
+def test_references_resolve():
+    cfg = load_config({"data": {"max_prompt_length": 300},
+                       "actor_rollout_ref": {"rollout": {"prompt_length": "${data.max_prompt_length}"}}})
+    assert cfg.actor_rollout_ref.rollout.prompt_length == 300
+
+
+def test_every_field_is_documented():
+    def walk(cls):
+        for name, field in cls.model_fields.items():
+            assert field.description, f"{cls.__name__}.{name} has no docstring"
+            sub = field.annotation
+            if isinstance(sub, type) and hasattr(sub, "model_fields"):
+                walk(sub)
+    walk(TandemConfig)
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="nope.yaml does not exist"):
+        load_config(tmp_path / "nope.yaml")
