@@ -12,9 +12,9 @@ def _has_cuda() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    if _has_cuda():
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items or _has_cuda():  # importing torch costs seconds: only when needed
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (none on this machine); run on a GPU machine")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    for item in gpu_items:
+        item.add_marker(skip)

@@ -1,0 +1,123 @@
+"""The demo task: arithmetic word problems solved with the ``calculator`` tool (agents layer: pure).
+
+Deterministic from a seed. Three products:
+- verl-format rows (``agent_name: tool_agent``) for GRPO,
+- SFT transcripts whose tool calls are written in *mixed* formats (hermes tags, ``<tools>``,
+  fenced JSON, bare JSON, OpenAI shape, qwen3 XML) so the cold-started model emits all of them and
+  only the universal ``qwen25_coder`` parser reads every one,
+- ``score_answer``: 1.0 when the last assistant message states the right number.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from typing import Any
+
+DATA_SOURCE = "tandem/arithmetic"
+_OPS = ("+", "-", "*")
+_QUESTION_TEMPLATES = (
+    "What is {expr}?",
+    "Compute {expr}.",
+    "Calculate {expr} for me.",
+    "Use the calculator: {expr}",
+)
+_ANSWER = re.compile(r"answer is\s*(-?\d+)", re.IGNORECASE)
+
+
+def make_problem(rng: random.Random) -> tuple[str, int]:
+    """An expression of two or three small integers and its value."""
+    terms = [rng.randint(2, 99) for _ in range(rng.choice((2, 2, 3)))]
+    ops = [rng.choice(_OPS) for _ in terms[1:]]
+    expr = str(terms[0])
+    for op, term in zip(ops, terms[1:]):
+        expr += f" {op} {term}"
+    return expr, _evaluate(expr)
+
+
+def _evaluate(expr: str) -> int:
+    tokens = expr.split()
+    # '*' binds tighter than '+'/'-': fold products first, then left to right.
+    values: list[int] = [int(tokens[0])]
+    signs: list[str] = []
+    for op, num in zip(tokens[1::2], tokens[2::2]):
+        if op == "*":
+            values[-1] *= int(num)
+        else:
+            signs.append(op)
+            values.append(int(num))
+    total = values[0]
+    for sign, value in zip(signs, values[1:]):
+        total = total + value if sign == "+" else total - value
+    return total
+
+
+def make_rows(count: int, seed: int, split: str) -> list[dict[str, Any]]:
+    """verl-format rows for the tool agent."""
+    rng = random.Random(f"{seed}-{split}")
+    rows = []
+    for index in range(count):
+        expr, value = make_problem(rng)
+        question = rng.choice(_QUESTION_TEMPLATES).format(expr=expr)
+        rows.append({
+            "data_source": DATA_SOURCE,
+            "prompt": [{"role": "user", "content": question}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": str(value)},
+            "extra_info": {"index": index, "question": question, "answer": str(value),
+                           "tools_kwargs": {}, "split": split},
+            "agent_name": "tool_agent",
+        })
+    return rows
+
+
+def _call_text(fmt: str, expr: str) -> str:
+    call = {"name": "calculator", "arguments": {"expression": expr}}
+    compact = json.dumps(call)
+    table = {
+        "hermes": f"<tool_call>\n{compact}\n</tool_call>",
+        "tools_tag": f"<tools>\n{compact}\n</tools>",
+        "fenced": f"```json\n{compact}\n```",
+        "bare": compact,
+        "openai": json.dumps({"type": "function", "function": call}),
+        "qwen3_xml": (f"<tool_call>\n<function=calculator>\n<parameter=expression>\n{expr}\n"
+                      f"</parameter>\n</function>\n</tool_call>"),
+    }
+    return table[fmt]
+
+
+CALL_FORMATS = ("hermes", "tools_tag", "fenced", "bare", "openai", "qwen3_xml")
+
+
+def make_sft_transcripts(count: int, seed: int, tool_schemas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat transcripts: question → tool call (mixed formats) → tool result → answer."""
+    rng = random.Random(f"{seed}-sft")
+    out = []
+    for i in range(count):
+        expr, value = make_problem(rng)
+        question = rng.choice(_QUESTION_TEMPLATES).format(expr=expr)
+        fmt = CALL_FORMATS[i % len(CALL_FORMATS)]
+        out.append({
+            "tools": tool_schemas,
+            "messages": [
+                {"role": "user", "content": question},
+                {"role": "assistant", "content": _call_text(fmt, expr)},
+                {"role": "tool", "content": str(value)},
+                {"role": "assistant", "content": f"The answer is {value}."},
+            ],
+            "call_format": fmt,
+        })
+    return out
+
+
+def extract_answer(text: str) -> int | None:
+    """The last ``answer is N`` in ``text``, if any."""
+    found = _ANSWER.findall(text)
+    return int(found[-1]) if found else None
+
+
+def score_answer(final_text: str, ground_truth: str) -> float:
+    """1.0 when the stated answer equals the ground truth, else 0.0."""
+    answer = extract_answer(final_text)
+    return 1.0 if answer is not None and str(answer) == str(ground_truth).strip() else 0.0

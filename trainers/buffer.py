@@ -1,0 +1,188 @@
+"""The trajectory buffer between agent workers and the learner (trainers layer).
+
+A plain asyncio class; ``apps/`` runs it as a Ray async actor. Agent workers ``put_group`` finished
+groups; the learner's ``next_batch(step)`` takes the first ``batch_groups`` groups that are fresh
+enough, in completion order. Staleness of a group trained at step ``s`` is ``s - policy_version``
+(the oldest adapter version that sampled any of its tokens); groups beyond ``max_staleness`` are
+dropped and counted. Admission (``admit``) bounds how far generation may run ahead of the learner:
+at learner version ``v`` at most ``(v + max_staleness + 1) × batch_groups`` groups are ever started.
+In synchronous mode a batch's groups are only admitted once the previous step's adapter is
+published, and the learner waits for all of them.
+
+Every admitted group ends in exactly one bucket: trained, dropped_stale, failed, or left over
+(still queued or in flight at shutdown).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from agents.records import Trajectory
+
+
+@dataclass
+class BufferStats:
+    admitted: int = 0
+    trained: int = 0
+    dropped_stale: int = 0
+    failed: int = 0
+    completed: int = 0
+    trained_trajectories: int = 0
+    staleness: list[int] = field(default_factory=list)
+
+    def as_dict(self, depth: int, version: int) -> dict[str, float]:
+        in_flight = self.admitted - self.completed - self.failed
+        return {
+            "buffer/depth": float(depth),
+            "buffer/in_flight": float(in_flight),
+            "groups/admitted": float(self.admitted),
+            "groups/trained": float(self.trained),
+            "groups/dropped_stale": float(self.dropped_stale),
+            "groups/failed": float(self.failed),
+            "groups/left_over": float(self.admitted - self.trained - self.dropped_stale - self.failed),
+            "trajectories/trained": float(self.trained_trajectories),
+            "policy_version": float(version),
+        }
+
+
+def batch_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
+    """Rollout metrics of one training batch."""
+    n = len(trajectories)
+    rewards = [t.reward for t in trajectories]
+    mean = sum(rewards) / n
+    lengths = [len(t.response_ids) for t in trajectories]
+    out = {
+        "reward/mean": mean,
+        "reward/std": (sum((r - mean) ** 2 for r in rewards) / n) ** 0.5,
+        "reward/max": max(rewards),
+        "response_length/mean": sum(lengths) / n,
+        "response_length/max": float(max(lengths)),
+        "policy_tokens/mean": sum(t.num_policy_tokens for t in trajectories) / n,
+        "turns/mean": sum(t.num_turns for t in trajectories) / n,
+        "tool_calls/mean": sum(t.num_tool_calls for t in trajectories) / n,
+        "tool_errors/sum": float(sum(t.num_tool_errors for t in trajectories)),
+        "tool_parse_errors/sum": float(sum(t.num_parse_errors for t in trajectories)),
+    }
+    for t in trajectories:
+        key = f"termination/{t.termination.value}"
+        out[key] = out.get(key, 0.0) + 1.0 / n
+    return out
+
+
+class TrajectoryBuffer:
+    """Bounded group queue with staleness-aware admission (see module docstring)."""
+
+    def __init__(self, batch_groups: int, max_staleness: int, capacity_groups: int | None = None,
+                 streaming: bool = True):
+        if batch_groups < 1 or max_staleness < 0:
+            raise ValueError(f"batch_groups={batch_groups} must be >= 1 and max_staleness={max_staleness} >= 0")
+        self.batch_groups = batch_groups
+        self.max_staleness = max_staleness if streaming else 0
+        self.streaming = streaming
+        self.capacity = max(capacity_groups or 2 * batch_groups, batch_groups)
+        self.version = 0
+        self.closed = False
+        self._groups: deque[list[Trajectory]] = deque()
+        self._stats = BufferStats()
+        self._changed = asyncio.Condition()
+        self._batch_staleness: list[int] = []
+        self._batch_wait_s = 0.0
+        self._step_metrics: dict[int, dict[str, float]] = {}
+
+    # ---- producer side -------------------------------------------------------------------
+    async def admit(self, wanted: int) -> int:
+        """Reserve up to ``wanted`` group slots the coordinator may start now (0 = wait)."""
+        async with self._changed:
+            if self.closed:
+                return 0
+            if self.streaming:
+                limit = (self.version + self.max_staleness + 1) * self.batch_groups
+            else:
+                # Batch-synchronous: the batch for step v is admitted only once version v exists.
+                limit = (self.version + 1) * self.batch_groups
+            room = self.capacity - len(self._groups) - self._in_flight()
+            # Dropped and failed groups give their slot back: the learner still needs a full batch.
+            used = self._stats.admitted - self._stats.dropped_stale - self._stats.failed
+            granted = max(0, min(wanted, limit - used, room))
+            self._stats.admitted += granted
+            return granted
+
+    async def put_group(self, group: list[Trajectory]) -> None:
+        """Store one finished group (all ``n`` samples of a prompt)."""
+        if not group:
+            raise ValueError("put_group: empty group")
+        ids = {t.group_id for t in group}
+        if len(ids) != 1:
+            raise ValueError(f"put_group: trajectories of several groups in one call: {sorted(ids)}")
+        async with self._changed:
+            self._groups.append(list(group))
+            self._stats.completed += 1
+            self._changed.notify_all()
+
+    async def mark_failed(self, count: int = 1) -> None:
+        """Count admitted groups that failed (worker error) so nothing goes missing."""
+        async with self._changed:
+            self._stats.failed += count
+            self._changed.notify_all()
+
+    # ---- learner side --------------------------------------------------------------------
+    async def next_batch(self, step: int) -> list[Trajectory] | None:
+        """The first ``batch_groups`` fresh groups for training step ``step`` (None once closed)."""
+        start = time.perf_counter()
+        async with self._changed:
+            while True:
+                self._drop_stale(step)
+                if len(self._groups) >= self.batch_groups and self._batch_ready():
+                    break
+                if self.closed:
+                    return None
+                await self._changed.wait()
+            batch = [self._groups.popleft() for _ in range(self.batch_groups)]
+            self._batch_staleness = [step - min(t.policy_version for t in g) for g in batch]
+            self._stats.staleness.extend(self._batch_staleness)
+            self._stats.trained += len(batch)
+            self._stats.trained_trajectories += sum(len(g) for g in batch)
+            self._batch_wait_s = time.perf_counter() - start
+            trajectories = [t for group in batch for t in group]
+            self._step_metrics[step] = {
+                **batch_metrics(trajectories),
+                "staleness/mean": sum(self._batch_staleness) / len(batch),
+                "staleness/max": float(max(self._batch_staleness)),
+                "timing/wait_batch_s": self._batch_wait_s,
+            }
+            self._changed.notify_all()
+        return trajectories
+
+    async def set_version(self, version: int) -> None:
+        """The learner published ``version``; admission moves forward."""
+        async with self._changed:
+            self.version = max(self.version, version)
+            self._changed.notify_all()
+
+    async def close(self) -> None:
+        async with self._changed:
+            self.closed = True
+            self._changed.notify_all()
+
+    async def stats(self) -> dict[str, float]:
+        return self._stats.as_dict(len(self._groups), self.version)
+
+    async def pop_step_metrics(self, step: int) -> dict[str, float]:
+        """Rollout metrics of the batch handed out for ``step`` (reward, lengths, tools, staleness)."""
+        return self._step_metrics.pop(step, {})
+
+    # ---- internals -----------------------------------------------------------------------
+    def _in_flight(self) -> int:
+        return self._stats.admitted - self._stats.completed - self._stats.failed
+
+    def _batch_ready(self) -> bool:
+        # Synchronous baseline: train only when the whole admitted batch has finished.
+        return self.streaming or self._in_flight() == 0
+
+    def _drop_stale(self, step: int) -> None:
+        fresh = deque(g for g in self._groups if step - min(t.policy_version for t in g) <= self.max_staleness)
+        self._stats.dropped_stale += len(self._groups) - len(fresh)
+        self._groups = fresh
