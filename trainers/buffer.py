@@ -2,8 +2,9 @@
 
 A plain asyncio class; ``apps/`` runs it as a Ray async actor. Agent workers ``put_group`` finished
 groups; the learner's ``next_batch(step)`` takes the first ``batch_groups`` groups that are fresh
-enough, in completion order. Staleness of a group trained at step ``s`` is ``s - policy_version``
-(the oldest adapter version that sampled any of its tokens); groups beyond ``max_staleness`` are
+enough, in completion order. Steps count from 1 and step ``s`` trains policy version ``s - 1``, so
+the staleness of a group trained at step ``s`` is ``s - 1 - policy_version`` (the oldest adapter
+version that sampled any of its tokens); groups beyond ``max_staleness`` are
 dropped and counted. Admission (``admit``) bounds how far generation may run ahead of the learner:
 at learner version ``v`` at most ``(v + max_staleness + 1) × batch_groups`` groups are ever started.
 In synchronous mode a batch's groups are only admitted once the previous step's adapter is
@@ -130,18 +131,21 @@ class TrajectoryBuffer:
 
     # ---- learner side --------------------------------------------------------------------
     async def next_batch(self, step: int) -> list[Trajectory] | None:
-        """The first ``batch_groups`` fresh groups for training step ``step`` (None once closed)."""
+        """The first ``batch_groups`` fresh groups for training step ``step`` (1-based; None once closed)."""
+        if step < 1:
+            raise ValueError(f"next_batch: steps count from 1, got {step}")
+        learner_version = step - 1
         start = time.perf_counter()
         async with self._changed:
             while True:
-                self._drop_stale(step)
+                self._drop_stale(learner_version)
                 if len(self._groups) >= self.batch_groups and self._batch_ready():
                     break
                 if self.closed:
                     return None
                 await self._changed.wait()
             batch = [self._groups.popleft() for _ in range(self.batch_groups)]
-            self._batch_staleness = [step - min(t.policy_version for t in g) for g in batch]
+            self._batch_staleness = [learner_version - min(t.policy_version for t in g) for g in batch]
             self._stats.staleness.extend(self._batch_staleness)
             self._stats.trained += len(batch)
             self._stats.trained_trajectories += sum(len(g) for g in batch)
@@ -182,7 +186,8 @@ class TrajectoryBuffer:
         # Synchronous baseline: train only when the whole admitted batch has finished.
         return self.streaming or self._in_flight() == 0
 
-    def _drop_stale(self, step: int) -> None:
-        fresh = deque(g for g in self._groups if step - min(t.policy_version for t in g) <= self.max_staleness)
+    def _drop_stale(self, learner_version: int) -> None:
+        fresh = deque(g for g in self._groups
+                      if learner_version - min(t.policy_version for t in g) <= self.max_staleness)
         self._stats.dropped_stale += len(self._groups) - len(fresh)
         self._groups = fresh

@@ -29,13 +29,13 @@ def test_admission_bounded_by_staleness():
         assert await buf.admit(10) == 0
         for i in range(4):
             await buf.put_group(group(f"g{i}", 0))
-        batch = await buf.next_batch(0)
+        batch = await buf.next_batch(1)
         assert [t.group_id for t in batch] == ["g0", "g0", "g1", "g1"]
         await buf.set_version(1)
         assert await buf.admit(10) == 2  # (1 + 1 + 1) × 2 − 4
         stats = await buf.stats()
         assert stats["groups/trained"] == 2
-        metrics = await buf.pop_step_metrics(0)
+        metrics = await buf.pop_step_metrics(1)
         assert metrics["staleness/mean"] == 0
         assert metrics["reward/mean"] == 0.5  # rewards 0 and 1 in each group
         assert metrics["response_length/mean"] == 1
@@ -49,7 +49,7 @@ def test_first_complete_groups_win_and_stale_are_dropped():
         await buf.put_group(group("late", 0))
         await buf.set_version(2)
         await buf.put_group(group("fresh", 2))
-        batch = await buf.next_batch(2)  # 'late' has staleness 2 > 1
+        batch = await buf.next_batch(3)  # step 3 trains version 2: 'late' has staleness 2 > 1
         assert {t.group_id for t in batch} == {"fresh"}
         stats = await buf.stats()
         assert stats["groups/dropped_stale"] == 1
@@ -67,7 +67,7 @@ def test_accounting_adds_up():
         await buf.mark_failed(1)
         assert await buf.admit(5) == 1  # the failed slot is re-admitted
         await buf.put_group(group("b", 0))
-        await buf.next_batch(0)
+        await buf.next_batch(1)
         stats = await buf.stats()
         total = stats["groups/trained"] + stats["groups/dropped_stale"] + stats["groups/failed"] + stats["groups/left_over"]
         assert stats["groups/admitted"] == 3 and total == 3
@@ -80,7 +80,7 @@ def test_sync_mode_waits_for_whole_batch_and_version():
         buf = TrajectoryBuffer(batch_groups=2, max_staleness=3, streaming=False)
         assert await buf.admit(10) == 2
         await buf.put_group(group("a", 0))
-        waiter = asyncio.create_task(buf.next_batch(0))
+        waiter = asyncio.create_task(buf.next_batch(1))
         await asyncio.sleep(0.05)
         assert not waiter.done()  # one group still in flight
         await buf.put_group(group("b", 0))
@@ -94,11 +94,19 @@ def test_sync_mode_waits_for_whole_batch_and_version():
 def test_close_releases_learner():
     async def body():
         buf = TrajectoryBuffer(batch_groups=1, max_staleness=0)
-        waiter = asyncio.create_task(buf.next_batch(0))
+        waiter = asyncio.create_task(buf.next_batch(1))
         await asyncio.sleep(0.01)
         await buf.close()
         assert await asyncio.wait_for(waiter, 1) is None
         assert await buf.admit(1) == 0
+    run(body())
+
+
+def test_steps_count_from_one():
+    async def body():
+        buf = TrajectoryBuffer(batch_groups=1, max_staleness=0)
+        with pytest.raises(ValueError, match="count from 1"):
+            await buf.next_batch(0)
     run(body())
 
 
