@@ -18,6 +18,8 @@ class EngineOutput:
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     finish_reason: FinishReason
+    # the adapter version that sampled every token of this output (0 = base model)
+    policy_version: int = 0
 
 
 class PromptTooLong(ValueError):

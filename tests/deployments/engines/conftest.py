@@ -1,0 +1,16 @@
+"""Fixtures of the engine tests: LoRA adapters for the shared tiny model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.deployments.engines.tiny_assets import build_random_adapter
+
+
+@pytest.fixture(scope="session")
+def adapter_dirs(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    """Two different random LoRA adapters (policy versions 1 and 2) for the tiny model."""
+    root = tmp_path_factory.mktemp("adapters")
+    return {v: build_random_adapter(tiny_model_dir, root / f"v{v}", seed=v) for v in (1, 2)}

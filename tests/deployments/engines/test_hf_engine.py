@@ -1,0 +1,251 @@
+"""HFEngine on the real tiny model: batching, exactness against transformers, stops, limits, seeds, LoRA."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from agents.records import AdapterRef, SamplingParams
+from deployments.engines.base import EngineOutput, PromptTooLong
+from deployments.engines.hf_engine import HFEngine
+
+pytestmark = pytest.mark.integration
+
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=16)
+PROMPTS = [[5 + 7 * i + j for j in range(3 + i)] for i in range(6)]  # lengths 3..8, distinct tokens
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir: Path) -> AutoModelForCausalLM:
+    return AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).eval()
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def _generate_all(engine: HFEngine, prompts, sampling: SamplingParams, tag: str) -> list[EngineOutput]:
+    return list(await asyncio.gather(*[engine.generate(p, sampling, f"{tag}-{i}") for i, p in enumerate(prompts)]))
+
+
+async def _with_engine(model_dir: Path, body, **kwargs):
+    engine = HFEngine(str(model_dir), max_model_len=kwargs.pop("max_model_len", 256), **kwargs)
+    try:
+        return await body(engine)
+    finally:
+        await engine.close()
+
+
+def _hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens)
+    return out[0, len(prompt) :].tolist()
+
+
+def _hf_logprobs(model, prompt: list[int], generated: tuple[int, ...]) -> list[float]:
+    """log_softmax of one forward pass over prompt + generated, at the generated tokens."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + list(generated)])).logits[0, len(prompt) - 1 : -1]  # [N, V]
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(generated)[:, None])[:, 0].tolist()
+
+
+def test_concurrent_greedy_equals_transformers_generate(tiny_model_dir: Path, reference) -> None:
+    async def body(engine: HFEngine):
+        outs = await _generate_all(engine, PROMPTS, GREEDY, "greedy")
+        return outs, engine.stats
+
+    outs, stats = run(_with_engine(tiny_model_dir, body))
+    for prompt, out in zip(PROMPTS, outs):
+        assert list(out.token_ids) == _hf_greedy(reference, prompt, GREEDY.max_new_tokens)
+        assert len(out.logprobs) == len(out.token_ids)
+        assert out.policy_version == 0
+    assert stats["max_batch_size"] == len(PROMPTS)  # all six decoded together
+
+
+def test_sixteen_concurrent_requests_share_batches(tiny_model_dir: Path) -> None:
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=12, seed=0)
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(16)]
+
+    async def body(engine: HFEngine):
+        outs = await _generate_all(engine, prompts, sampling, "c")
+        return outs, engine.stats
+
+    outs, stats = run(_with_engine(tiny_model_dir, body, eos_token_ids=()))
+    assert [len(o.token_ids) for o in outs] == [12] * 16
+    assert all(o.finish_reason == "length" for o in outs)
+    assert stats["max_batch_size"] == 16
+    # 16 x 12 tokens: the first token of each comes from prefill, the other 11 from shared decode steps
+    assert stats["generated_tokens"] == 16 * 12
+    assert stats["decode_rows"] == 16 * 11
+    assert stats["steps"] < 16 * 11
+
+
+def test_logprobs_at_temperature_one_equal_model_log_softmax(tiny_model_dir: Path, reference) -> None:
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=10, seed=5)
+
+    async def body(engine: HFEngine):
+        return await _generate_all(engine, PROMPTS[:4], sampling, "lp")
+
+    for prompt, out in zip(PROMPTS[:4], run(_with_engine(tiny_model_dir, body))):
+        assert out.logprobs == pytest.approx(_hf_logprobs(reference, prompt, out.token_ids), abs=1e-4)
+
+
+def test_logprobs_are_of_the_raw_model_distribution_at_any_temperature(tiny_model_dir: Path, reference) -> None:
+    sampling = SamplingParams(temperature=0.6, top_p=0.9, top_k=20, max_new_tokens=8, seed=2)
+
+    async def body(engine: HFEngine):
+        return await engine.generate(PROMPTS[2], sampling, "tempered")
+
+    out = run(_with_engine(tiny_model_dir, body))
+    assert out.logprobs == pytest.approx(_hf_logprobs(reference, PROMPTS[2], out.token_ids), abs=1e-4)
+
+
+def test_stop_tokens_end_generation_and_are_kept(tiny_model_dir: Path) -> None:
+    seeded = SamplingParams(temperature=1.0, max_new_tokens=16, seed=9)
+    free = run(_with_engine(tiny_model_dir, lambda e: e.generate(PROMPTS[1], seeded, "free"), eos_token_ids=()))
+    stop = free.token_ids[3]
+    expected = free.token_ids[: free.token_ids.index(stop) + 1]
+    with_stop = SamplingParams(temperature=1.0, max_new_tokens=16, seed=9, stop_token_ids=(stop,))
+    out = run(_with_engine(tiny_model_dir, lambda e: e.generate(PROMPTS[1], with_stop, "stop"), eos_token_ids=()))
+    assert (out.token_ids, out.finish_reason) == (expected, "stop")
+    # the same token configured as the engine's EOS
+    eos_out = run(_with_engine(tiny_model_dir, lambda e: e.generate(PROMPTS[1], seeded, "eos"), eos_token_ids=(stop,)))
+    assert (eos_out.token_ids, eos_out.finish_reason) == (expected, "stop")
+
+
+def test_length_limits(tiny_model_dir: Path) -> None:
+    prompt = PROMPTS[3]  # 6 tokens
+
+    async def body(engine: HFEngine):
+        short = await engine.generate(prompt, SamplingParams(temperature=0.0, max_new_tokens=5), "short")
+        capped = await engine.generate(prompt, SamplingParams(temperature=0.0, max_new_tokens=50), "capped")
+        return short, capped
+
+    short, capped = run(_with_engine(tiny_model_dir, body, max_model_len=10, eos_token_ids=()))
+    assert (len(short.token_ids), short.finish_reason) == (4, "length")  # 6 + 4 = max_model_len 10
+    assert (len(capped.token_ids), capped.finish_reason) == (4, "length")
+    run_short = run(_with_engine(tiny_model_dir, lambda e: e.generate(prompt, GREEDY, "n"), eos_token_ids=()))
+    assert (len(run_short.token_ids), run_short.finish_reason) == (16, "length")
+
+
+def test_prompt_too_long_is_rejected_with_its_request_id(tiny_model_dir: Path) -> None:
+    async def body(engine: HFEngine):
+        with pytest.raises(PromptTooLong, match=r"request 'long-1'.*8 tokens.*max_model_len is 8"):
+            await engine.generate(list(range(10, 18)), GREEDY, "long-1")
+        with pytest.raises(ValueError, match=r"request 'oov'.*token id 999999"):
+            await engine.generate([5, 999999], GREEDY, "oov")
+        return await engine.generate(list(range(10, 17)), GREEDY, "fits")  # 7 tokens leave room for one
+
+    out = run(_with_engine(tiny_model_dir, body, max_model_len=8))
+    assert (len(out.token_ids), out.finish_reason) in {(1, "length"), (1, "stop")}
+
+
+def test_seeds_reproduce_alone_and_in_a_batch(tiny_model_dir: Path) -> None:
+    seeded = SamplingParams(temperature=1.0, max_new_tokens=12, seed=42)
+
+    async def body(engine: HFEngine):
+        alone = await engine.generate(PROMPTS[0], seeded, "alone")
+        others = [engine.generate(p, SamplingParams(temperature=1.0, max_new_tokens=12), f"o{i}")
+                  for i, p in enumerate(PROMPTS[1:])]
+        batched, *_ = await asyncio.gather(engine.generate(PROMPTS[0], seeded, "batched"), *others)
+        other_seed = await engine.generate(PROMPTS[0], SamplingParams(temperature=1.0, max_new_tokens=12, seed=43), "s")
+        return alone, batched, other_seed
+
+    alone, batched, other_seed = run(_with_engine(tiny_model_dir, body, eos_token_ids=()))
+    assert alone.token_ids == batched.token_ids
+    assert alone.token_ids != other_seed.token_ids
+
+
+def test_top_k_one_equals_greedy(tiny_model_dir: Path, reference) -> None:
+    async def body(engine: HFEngine):
+        return await engine.generate(PROMPTS[4], SamplingParams(temperature=1.5, top_k=1, max_new_tokens=16), "k1")
+
+    out = run(_with_engine(tiny_model_dir, body))
+    assert list(out.token_ids) == _hf_greedy(reference, PROMPTS[4], 16)
+
+
+def test_adapter_changes_outputs_and_version_zero_restores_base(tiny_model_dir: Path, adapter_dirs) -> None:
+    async def body(engine: HFEngine):
+        base = await _generate_all(engine, PROMPTS, GREEDY, "base")
+        await engine.load_adapter(AdapterRef(version=1, path=str(adapter_dirs[1])))
+        v1 = await _generate_all(engine, PROMPTS, GREEDY, "v1")
+        await engine.load_adapter(AdapterRef(version=2, path=str(adapter_dirs[2])))
+        v2 = await _generate_all(engine, PROMPTS, GREEDY, "v2")
+        await engine.load_adapter(AdapterRef(version=0))
+        back = await _generate_all(engine, PROMPTS, GREEDY, "back")
+        return base, v1, v2, back
+
+    base, v1, v2, back = run(_with_engine(tiny_model_dir, body))
+    assert [o.policy_version for o in base + v1 + v2 + back] == [0] * 6 + [1] * 6 + [2] * 6 + [0] * 6
+    assert all(a.token_ids != b.token_ids for a, b in zip(base, v1))
+    assert all(a.token_ids != b.token_ids for a, b in zip(v1, v2))
+    assert [o.token_ids for o in back] == [o.token_ids for o in base]
+    assert [o.logprobs for o in back] == [o.logprobs for o in base]
+
+
+def test_greedy_with_adapter_equals_transformers_generate_of_the_peft_model(tiny_model_dir: Path, adapter_dirs) -> None:
+    """The random base model mostly repeats its last prompt token; with the adapter greedy text varies."""
+    from peft import PeftModel
+
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    tuned = PeftModel.from_pretrained(base, str(adapter_dirs[1])).eval()
+
+    async def body(engine: HFEngine):
+        await engine.load_adapter(AdapterRef(version=1, path=str(adapter_dirs[1])))
+        return await _generate_all(engine, PROMPTS, GREEDY, "tuned")
+
+    outs = run(_with_engine(tiny_model_dir, body, eos_token_ids=()))
+    for prompt, out in zip(PROMPTS, outs):
+        with torch.no_grad():
+            expected = tuned.generate(input_ids=torch.tensor([prompt]), do_sample=False, max_new_tokens=16,
+                                      eos_token_id=None)[0, len(prompt) :].tolist()
+        assert list(out.token_ids) == expected
+        assert out.logprobs == pytest.approx(_hf_logprobs(tuned, prompt, out.token_ids), abs=1e-4)
+    assert len({o.token_ids[-1] for o in outs}) > 1 and any(len(set(o.token_ids)) > 3 for o in outs)
+
+
+def test_adapter_swap_drains_in_flight_requests(tiny_model_dir: Path, adapter_dirs) -> None:
+    long_run = SamplingParams(temperature=0.0, max_new_tokens=40)
+
+    async def body(engine: HFEngine):
+        base_only = await engine.generate(PROMPTS[0], long_run, "base-only")
+        in_flight = asyncio.create_task(engine.generate(PROMPTS[0], long_run, "old"))
+        await asyncio.sleep(0)  # let the engine admit it
+        swap = asyncio.create_task(engine.load_adapter(AdapterRef(version=1, path=str(adapter_dirs[1]))))
+        await asyncio.sleep(0)
+        after = await engine.generate(PROMPTS[0], long_run, "new")  # submitted during the swap
+        await swap
+        return base_only, await in_flight, after
+
+    base_only, old, new = run(_with_engine(tiny_model_dir, body, eos_token_ids=()))
+    assert (old.policy_version, new.policy_version) == (0, 1)
+    # every token of the in-flight request came from the base model, none from the new adapter
+    assert (old.token_ids, old.logprobs) == (base_only.token_ids, base_only.logprobs)
+    assert old.token_ids != new.token_ids
+
+
+def test_bad_adapter_path_fails_the_load_and_keeps_serving(tiny_model_dir: Path, tmp_path: Path) -> None:
+    async def body(engine: HFEngine):
+        with pytest.raises(FileNotFoundError, match="adapter version 3"):
+            await engine.load_adapter(AdapterRef(version=3, path=str(tmp_path / "missing")))
+        return await engine.generate(PROMPTS[0], GREEDY, "after-bad-load")
+
+    out = run(_with_engine(tiny_model_dir, body))
+    assert out.policy_version == 0 and len(out.token_ids) > 0
+
+
+def test_cancelled_request_frees_its_row(tiny_model_dir: Path) -> None:
+    async def body(engine: HFEngine):
+        doomed = asyncio.create_task(engine.generate(PROMPTS[0], SamplingParams(max_new_tokens=200), "doomed"))
+        await asyncio.sleep(0.05)
+        doomed.cancel()
+        out = await engine.generate(PROMPTS[1], SamplingParams(temperature=0.0, max_new_tokens=5), "next")
+        return out, engine.stats
+
+    out, stats = run(_with_engine(tiny_model_dir, body, eos_token_ids=()))
+    assert len(out.token_ids) == 5
+    assert stats["generated_tokens"] < 200  # the cancelled request stopped decoding
