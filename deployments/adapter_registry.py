@@ -1,0 +1,115 @@
+"""The newest LoRA adapter of a rollout app, as a named Ray actor (deployments layer).
+
+The trainer publishes each ``AdapterRef`` here once; every ``RolloutServer`` replica reads the newest
+ref in its constructor (so a replica that autoscaling starts later loads it before it serves) and then
+long-polls ``wait_newer`` to hear about the next one. ``publish`` returns only when every live replica
+has acknowledged the new version, so "published" means "sampled with from now on" — the failure where
+rollouts silently keep sampling the old policy (verl #7495) shows up as a ``TimeoutError`` naming the
+lagging replicas, not as quietly stale data.
+
+Liveness is by heartbeat: a replica that has not called in for ``liveness_s`` is presumed gone (killed,
+downscaled) and is not waited for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import ray
+from ray.actor import ActorHandle
+
+from agents.records import AdapterRef
+
+REGISTRY_NAMESPACE = "tandem"
+
+
+def registry_name(app_name: str) -> str:
+    return f"{app_name}:adapter-registry"
+
+
+@ray.remote(num_cpus=0)
+class AdapterRegistry:
+    """Holds the newest ``AdapterRef`` and which version each live replica has loaded."""
+
+    def __init__(self, liveness_s: float = 15.0) -> None:
+        self._latest = AdapterRef(version=0)
+        self._changed = asyncio.Event()
+        self._liveness_s = liveness_s
+        self._loaded: dict[str, int] = {}
+        self._last_seen: dict[str, float] = {}
+
+    def latest(self) -> AdapterRef:
+        return self._latest
+
+    async def publish(self, ref: AdapterRef, wait_s: float = 120.0) -> dict[str, int]:
+        """Make ``ref`` the newest adapter; return ``{replica_id: version}`` once all live replicas loaded it."""
+        if ref.version < self._latest.version or (ref.version == self._latest.version and ref != self._latest):
+            raise ValueError(
+                f"adapter version {ref.version} ({ref.path!r}) is not newer than the published "
+                f"version {self._latest.version} ({self._latest.path!r})"
+            )
+        if ref != self._latest:
+            self._latest = ref
+            # Wake every waiter, then give later waiters a fresh event.
+            self._changed.set()
+            self._changed = asyncio.Event()
+        return await self.wait_loaded(ref.version, wait_s)
+
+    async def wait_newer(self, replica_id: str, version: int, timeout_s: float) -> AdapterRef | None:
+        """Long poll: the newest ref once it is newer than ``version``; None after ``timeout_s``."""
+        self.heartbeat(replica_id, version)
+        deadline = time.monotonic() + timeout_s
+        while self._latest.version <= version:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            try:
+                await asyncio.wait_for(self._changed.wait(), remaining)
+            except asyncio.TimeoutError:
+                return None
+        return self._latest
+
+    def heartbeat(self, replica_id: str, loaded_version: int) -> None:
+        """A replica is alive and samples with ``loaded_version``."""
+        self._last_seen[replica_id] = time.monotonic()
+        self._loaded[replica_id] = loaded_version
+
+    def forget(self, replica_id: str) -> None:
+        """A replica shut down cleanly; stop waiting for it."""
+        self._last_seen.pop(replica_id, None)
+        self._loaded.pop(replica_id, None)
+
+    def live_replicas(self) -> dict[str, int]:
+        """``{replica_id: loaded version}`` of the replicas heard from within ``liveness_s``."""
+        now = time.monotonic()
+        return {r: self._loaded[r] for r, seen in self._last_seen.items() if now - seen < self._liveness_s}
+
+    async def wait_loaded(self, version: int, timeout_s: float) -> dict[str, int]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            live = self.live_replicas()
+            lagging = sorted(r for r, v in live.items() if v < version)
+            if not lagging:
+                return live
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"adapter version {version} not loaded after {timeout_s}s by replica(s) {lagging} "
+                    f"(loaded: {live})"
+                )
+            await asyncio.sleep(0.05)
+
+
+def get_adapter_registry(app_name: str) -> ActorHandle:
+    """The app's registry, created on first use (detached: it outlives whichever process created it)."""
+    return AdapterRegistry.options(
+        name=registry_name(app_name),
+        namespace=REGISTRY_NAMESPACE,
+        get_if_exists=True,
+        lifetime="detached",
+    ).remote()
+
+
+def publish_adapter(app_name: str, ref: AdapterRef, wait_s: float = 120.0) -> dict[str, int]:
+    """Blocking publish from a driver or trainer process: returns once every live replica loaded ``ref``."""
+    return ray.get(get_adapter_registry(app_name).publish.remote(ref, wait_s))

@@ -1,0 +1,65 @@
+"""KubeRay manifests: serveConfigV2 mirrors serve_config.yaml and validates against Serve's schema."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.unit
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str) -> dict:
+    return yaml.safe_load((ROOT / "k8s" / name).read_text())
+
+
+def test_serve_config_v2_is_serve_config_yaml():
+    service = _load("rayservice.yaml")
+    in_cluster = yaml.safe_load(service["spec"]["serveConfigV2"])
+    local = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    # The only difference allowed: a pod's proxy listens on all interfaces, a laptop's on loopback.
+    assert local["http_options"]["host"] == "127.0.0.1"
+    assert in_cluster["http_options"]["host"] == "0.0.0.0"
+    in_cluster["http_options"]["host"] = local["http_options"]["host"]
+    assert in_cluster == local
+
+
+def test_serve_configs_validate_against_serve_schema():
+    from ray.serve.schema import ServeDeploySchema
+
+    service = _load("rayservice.yaml")
+    for config in (yaml.safe_load(service["spec"]["serveConfigV2"]),
+                   yaml.safe_load((ROOT / "serve_config.yaml").read_text())):
+        schema = ServeDeploySchema.model_validate(config) if hasattr(ServeDeploySchema, "model_validate") \
+            else ServeDeploySchema.parse_obj(config)
+        assert schema.applications[0].import_path == "apps.rollout:build_app"
+
+
+def _check_cluster_spec(spec: dict, where: str) -> None:
+    assert spec["rayVersion"] == "2.60.0", where
+    head = spec["headGroupSpec"]
+    assert "rayStartParams" in head, where
+    assert head["template"]["spec"]["containers"][0]["image"], where
+    groups = spec["workerGroupSpecs"]
+    assert groups, where
+    for group in groups:
+        assert group["groupName"] and "rayStartParams" in group, where
+        assert group["minReplicas"] <= group["replicas"] <= group["maxReplicas"], where
+        limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
+        assert "nvidia.com/gpu" in limits, f"{where}: worker group {group['groupName']} has no GPU"
+
+
+def test_rayservice_required_fields():
+    service = _load("rayservice.yaml")
+    assert service["apiVersion"] == "ray.io/v1" and service["kind"] == "RayService"
+    assert service["metadata"]["name"]
+    _check_cluster_spec(service["spec"]["rayClusterConfig"], "RayService")
+
+
+def test_rayjob_required_fields_and_entrypoint():
+    job = _load("rayjob.yaml")
+    assert job["apiVersion"] == "ray.io/v1" and job["kind"] == "RayJob"
+    assert job["spec"]["entrypoint"].startswith("python -m apps.train --config configs/")
+    config = job["spec"]["entrypoint"].split("--config ")[1].split()[0]
+    assert (ROOT / config).is_file()
+    _check_cluster_spec(job["spec"]["rayClusterSpec"], "RayJob")

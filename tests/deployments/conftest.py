@@ -1,0 +1,117 @@
+"""Session fixtures of the deployment tests: ONE local Ray cluster and ONE shared rollout app.
+
+Starting Ray costs ~10 s and a Serve app ~10 s on the 2-core box, so every integration test of
+``tests/deployments`` shares the cluster and the app (two ``RolloutServer`` replicas + the OpenAI ingress);
+tests that change it (adapter publishes, a killed replica) leave it serving.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+APP_NAME = "tandem-test"
+API_KEY_ENV = "TANDEM_TEST_API_KEY"
+API_KEY = "test-token-3f9a"
+MAX_MODEL_LEN = 512
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class RolloutApp:
+    name: str
+    handle: object  # DeploymentHandle of RolloutServer
+    ingress: object  # DeploymentHandle of OpenAIIngress
+    base_url: str  # http://127.0.0.1:<port>/v1
+    api_key: str
+    model_dir: Path
+    adapters: dict[int, Path] = field(default_factory=dict)  # every version published to the app so far
+
+    def publish_next(self, adapter: Path) -> tuple[int, dict[str, int]]:
+        """Publish ``adapter`` as the next policy version; returns it and the versions by replica."""
+        import ray
+
+        from agents.records import AdapterRef
+        from apps.rollout import publish_adapter
+        from deployments.adapter_registry import get_adapter_registry
+
+        version = ray.get(get_adapter_registry(self.name).latest.remote()).version + 1
+        self.adapters[version] = adapter
+        return version, publish_adapter(self.name, AdapterRef(version, str(adapter)), wait_s=120)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local 4-CPU Ray cluster for the whole session (token auth off; workers import the repo)."""
+    import ray
+    from ray import serve
+
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    if not ray.is_initialized():
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield
+    serve.shutdown()
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def adapter_paths(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    """Two random LoRA adapters with large B weights (different seeds)."""
+    from tests.deployments.engines.tiny_assets import build_random_adapter
+
+    root = tmp_path_factory.mktemp("serve_adapters")
+    return {v: build_random_adapter(tiny_model_dir, root / f"v{v}", seed=100 + v) for v in (1, 2)}
+
+
+@pytest.fixture(scope="session")
+def tool_call_adapter(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A LoRA adapter whose greedy answer to ``tool_call_adapter.MESSAGES`` is a get_weather tool call."""
+    from tests.deployments.tool_call_adapter import build_tool_call_adapter
+
+    return build_tool_call_adapter(tiny_model_dir, tmp_path_factory.mktemp("tool_call_adapter"))
+
+
+@pytest.fixture(scope="session")
+def rollout_app(ray_cluster, tiny_model_dir: Path) -> RolloutApp:
+    """The rollout app with 2 replicas on the tiny model and a bearer token, shared by the session."""
+    from ray import serve
+
+    from apps.rollout import RolloutAppArgs, build_app, ingress_handle, rollout_handle
+
+    from ray.serve.context import _get_global_client
+
+    os.environ[API_KEY_ENV] = API_KEY
+    serve.start(http_options={"host": "127.0.0.1", "port": free_port()})
+    # Another session fixture may have started Serve first, on its own port: ask the running proxy.
+    port = _get_global_client().http_config.port
+    args = RolloutAppArgs(
+        model=str(tiny_model_dir),
+        parser="qwen25_coder",
+        max_model_len=MAX_MODEL_LEN,
+        min_replicas=2,
+        max_replicas=2,
+        num_cpus=0.5,
+        api_key_env=API_KEY_ENV,
+        engine_kwargs={"max_batch_size": 32},
+    )
+    serve.run(build_app(args), name=APP_NAME, route_prefix="/")
+    yield RolloutApp(
+        name=APP_NAME,
+        handle=rollout_handle(APP_NAME),
+        ingress=ingress_handle(APP_NAME),
+        base_url=f"http://127.0.0.1:{port}/v1",
+        api_key=API_KEY,
+        model_dir=tiny_model_dir,
+    )
+    serve.delete(APP_NAME)

@@ -1,0 +1,97 @@
+"""The OpenAI-compatible endpoint of the shared app, called with the ``openai`` client and httpx."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+from transformers import AutoTokenizer
+
+from agents.parsers import strip_end_markers
+from tests.deployments.tool_call_adapter import MESSAGES, TOOLS
+
+pytestmark = pytest.mark.integration
+
+
+def _client(app) -> openai.OpenAI:
+    return openai.OpenAI(base_url=app.base_url, api_key=app.api_key, max_retries=0, timeout=120)
+
+
+def _auth(app) -> dict[str, str]:
+    return {"Authorization": f"Bearer {app.api_key}"}
+
+
+def test_chat_completion_is_recorded_token_exact_under_the_session(rollout_app):
+    tokenizer = AutoTokenizer.from_pretrained(rollout_app.model_dir)
+    client = _client(rollout_app)
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hi."}]
+    session = {"x-session-id": "sess-plain"}
+    response = client.chat.completions.create(
+        model="tiny", messages=messages, temperature=0, max_tokens=8, seed=0, extra_headers=session
+    )
+    choice = response.choices[0]
+    assert choice.message.role == "assistant" and choice.finish_reason in ("stop", "length")
+    expected_prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+    assert response.usage.prompt_tokens == len(expected_prompt)
+
+    record = httpx.get(f"{rollout_app.base_url}/sessions/sess-plain", headers=_auth(rollout_app)).json()
+    [call] = record["calls"]
+    assert call["prompt_ids"] == expected_prompt
+    assert len(call["response_ids"]) == len(call["logprobs"]) == response.usage.completion_tokens
+    decoded = strip_end_markers(tokenizer.decode(call["response_ids"], skip_special_tokens=False), tokenizer)
+    assert choice.message.content == decoded
+    assert response.system_fingerprint == f"policy-v{call['policy_version']}"
+
+    follow_up = [*messages, {"role": "assistant", "content": decoded}, {"role": "user", "content": "Again."}]
+    client.chat.completions.create(model="tiny", messages=follow_up, max_tokens=4, extra_headers=session)
+    calls = rollout_app.ingress.pop_session.remote("sess-plain").result()
+    assert [c.prompt_ids[: len(expected_prompt)] for c in calls] == [tuple(expected_prompt)] * 2
+    assert rollout_app.ingress.pop_session.remote("sess-plain").result() == []
+    missing = httpx.get(f"{rollout_app.base_url}/sessions/sess-plain", headers=_auth(rollout_app))
+    assert missing.status_code == 404
+
+
+def test_models_lists_the_served_model(rollout_app):
+    [model] = _client(rollout_app).models.list().data
+    assert model.id == rollout_app.model_dir.name
+
+
+def test_requests_without_the_bearer_token_get_401(rollout_app):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    url = f"{rollout_app.base_url}/chat/completions"
+    assert httpx.post(url, json=body).status_code == 401
+    wrong = httpx.post(url, json=body, headers={"Authorization": "Bearer not-the-token"})
+    assert wrong.status_code == 401
+    assert "bearer token" in wrong.json()["error"]["message"]
+    assert httpx.get(f"{rollout_app.base_url}/models").status_code == 401
+    assert httpx.post(url, json=body, headers=_auth(rollout_app)).status_code == 200
+
+
+def test_prompt_longer_than_max_model_len_is_a_400(rollout_app):
+    with pytest.raises(openai.BadRequestError, match="max_model_len"):
+        _client(rollout_app).chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "word " * 600}], max_tokens=4
+        )
+
+
+def test_tool_call_in_the_answer_comes_back_as_tool_calls(rollout_app, tool_call_adapter):
+    version, _ = rollout_app.publish_next(tool_call_adapter)
+    client = _client(rollout_app)
+    response = client.chat.completions.create(
+        model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice="auto", temperature=0, max_tokens=64
+    )
+    choice = response.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    [call] = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    assert response.system_fingerprint == f"policy-v{version}"
+
+    # tool_choice=none: no tool schemas in the prompt and no parsing, so no tool_calls either.
+    plain = client.chat.completions.create(
+        model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice="none", temperature=0, max_tokens=64
+    )
+    assert plain.choices[0].message.tool_calls is None
+    assert plain.choices[0].finish_reason in ("stop", "length")

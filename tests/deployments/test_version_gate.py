@@ -1,0 +1,65 @@
+"""The adapter-swap gate of ``RolloutServer``: a swap waits for running generates and holds back new ones."""
+
+import asyncio
+
+import pytest
+
+from deployments.rollout_server import _VersionGate
+
+pytestmark = pytest.mark.unit
+
+
+async def _settle():
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def test_swap_waits_for_running_generates_and_blocks_new_ones():
+    async def scenario():
+        gate = _VersionGate()
+        events: list[str] = []
+        release_first = asyncio.Event()
+
+        async def generate(name: str, hold: asyncio.Event | None = None):
+            async with gate.generating():
+                events.append(f"{name} start")
+                if hold is not None:
+                    await hold.wait()
+                events.append(f"{name} end")
+
+        async def swap():
+            async with gate.swapping():
+                events.append("swap")
+
+        first = asyncio.create_task(generate("g1", release_first))
+        await _settle()
+        swapper = asyncio.create_task(swap())
+        await _settle()
+        second = asyncio.create_task(generate("g2"))
+        await _settle()
+        assert events == ["g1 start"]  # the swap waits for g1; g2 waits behind the swap
+        release_first.set()
+        await asyncio.gather(first, swapper, second)
+        return events
+
+    assert asyncio.run(scenario()) == ["g1 start", "g1 end", "swap", "g2 start", "g2 end"]
+
+
+def test_generates_run_together_without_a_swap():
+    async def scenario():
+        gate = _VersionGate()
+        inside = 0
+        peak = 0
+
+        async def generate():
+            nonlocal inside, peak
+            async with gate.generating():
+                inside += 1
+                peak = max(peak, inside)
+                await asyncio.sleep(0.01)
+                inside -= 1
+
+        await asyncio.gather(*(generate() for _ in range(4)))
+        return peak
+
+    assert asyncio.run(scenario()) == 4
