@@ -1,0 +1,258 @@
+"""Async agent loops vs verl's synchronous batch shape, on the same episodes (benchmarks).
+
+    python -m benchmarks.rollout_async [--episodes 512] [--concurrency 128] [--max-batch-size 32] [--tool-turns 3] [--tokens-per-turn 16]
+
+Three runs of the same episodes (same prompts, same per-sample seeds, same tool latencies) through the
+same ``tool_agent`` loop and one in-process ``HFEngine`` on the tiny model:
+
+1. ``async, no tool latency``: the engine-bound limit;
+2. ``async, lognormal tools``: each tool call sleeps a lognormal latency (median = one generation turn,
+   the time one full engine batch takes per turn in run 1; sigma 1.0: a long tail), drawn per
+   (trajectory, call) so every run sees the same latencies;
+3. ``sync batched, lognormal tools``: verl's batch shape. A round barrier in front of the engine lets a
+   round of generates start only when every live episode has arrived, i.e. generate for all, then run all
+   tools concurrently, then generate again; the slowest tool call of a round stalls every episode.
+
+The workload is fixed so that only scheduling differs: every turn asks for ``--tokens-per-turn`` tokens
+(``TurnCap``), and every turn calls the ``lookup`` tool (``always_call``) until ``max_assistant_turns``
+ends the episode, so each episode makes ``tool_turns`` tool calls. The random tiny model's text is not
+read. Episodes stream through ``--concurrency`` slots (an agent worker's ``max_concurrent_episodes``), more
+than the engine's batch, so tool waits overlap with other episodes' generation; the sync loop runs the
+same slots as verl's batches (all of a batch's episodes in lock-step, then the next batch). Engine busy
+fraction = share of wall time with at least one generate in flight.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import random
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from agents.chat import ChatDelta
+from agents.loops import AgentContext, Episode, LoopLimits, run_episode, sample_seed
+from agents.records import GenerateRequest, GenerateResult, ParsedToolCalls, SamplingParams, ToolCall
+from agents.tools.base import Tool
+
+QUESTIONS = ["How many customers live in Austin?", "What is 17 times 23?", "List the three largest claims.",
+             "Which policy type is most common?", "What is the average premium?", "Who filed the first claim?"]
+
+
+class EngineGenerator:
+    """``Generator`` over an in-process engine that records how long the engine had work."""
+
+    def __init__(self, engine: Any):
+        self.engine = engine
+        self.in_flight = 0
+        self.busy_s = 0.0
+        self.turn_s: list[float] = []
+        self._busy_since = 0.0
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        if self.in_flight == 0:
+            self._busy_since = time.perf_counter()
+        self.in_flight += 1
+        started = time.perf_counter()
+        try:
+            out = await self.engine.generate(request.prompt_ids, request.sampling, request.request_id)
+        finally:
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                self.busy_s += time.perf_counter() - self._busy_since
+        self.turn_s.append(time.perf_counter() - started)
+        return GenerateResult(out.token_ids, out.logprobs, out.finish_reason, out.policy_version)
+
+
+class TurnCap:
+    """Every turn asks for the same number of tokens, so each run does the same engine work."""
+
+    def __init__(self, inner: Any, tokens_per_turn: int):
+        self.inner = inner
+        self.tokens_per_turn = tokens_per_turn
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        capped = min(request.sampling.max_new_tokens, self.tokens_per_turn)
+        result = await self.inner.generate(replace(request, sampling=replace(request.sampling, max_new_tokens=capped)))
+        # A capped turn is a finished turn here (the loop would otherwise end the episode on "length").
+        return replace(result, finish_reason="stop") if result.finish_reason == "length" else result
+
+
+class RoundBarrier:
+    """verl's batch shape: a round of generates is released only when every live episode has arrived."""
+
+    def __init__(self, inner: Any, episodes: int):
+        self.inner = inner
+        self.live = episodes
+        self.waiting: list[asyncio.Future] = []
+
+    def _release_if_full(self) -> None:
+        if self.waiting and len(self.waiting) >= self.live:
+            for future in self.waiting:
+                future.set_result(None)
+            self.waiting = []
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        future = asyncio.get_running_loop().create_future()
+        self.waiting.append(future)
+        self._release_if_full()
+        await future
+        return await self.inner.generate(request)
+
+    def leave(self) -> None:
+        self.live -= 1
+        self._release_if_full()
+
+
+class LookupTool(Tool):
+    """Sleeps a lognormal latency drawn from (trajectory, call number): identical in every run."""
+
+    def __init__(self, median_s: float, sigma: float, seed: int = 0):
+        super().__init__()
+        self.median_s, self.sigma, self.seed = median_s, sigma, seed
+        self.calls: dict[str, int] = {}
+
+    @classmethod
+    def default_schema(cls) -> dict[str, Any]:
+        return {"type": "function", "function": {"name": "lookup", "description": "Look something up.",
+                                                 "parameters": {"type": "object", "properties": {}}}}
+
+    def latency_s(self, instance_id: str, call: int) -> float:
+        if self.median_s == 0:
+            return 0.0
+        rng = random.Random(f"{self.seed}/{instance_id}/{call}")
+        return self.median_s * math.exp(self.sigma * rng.gauss(0.0, 1.0))
+
+    async def execute(self, instance_id: str, arguments: dict[str, Any]) -> str:
+        call = self.calls.get(instance_id, 0)
+        self.calls[instance_id] = call + 1
+        await asyncio.sleep(self.latency_s(instance_id, call))
+        return "ok"
+
+
+def always_call(text: str) -> ParsedToolCalls:
+    return ParsedToolCalls(calls=[ToolCall("lookup", {})], content=text)
+
+
+def make_episodes(count: int) -> list[Episode]:
+    return [
+        Episode(trajectory_id=f"bench-{i}", group_id=f"bench-{i}",
+                messages=({"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]},), agent_name="tool_agent",
+                data_source="bench", ground_truth="", sampling=SamplingParams(seed=sample_seed(f"bench-{i}", 0)))
+        for i in range(count)
+    ]
+
+
+@dataclass
+class RunResult:
+    name: str
+    wall_s: float
+    episodes: int
+    busy_s: float
+    mean_turn_s: float
+
+    @property
+    def episodes_per_s(self) -> float:
+        return self.episodes / self.wall_s
+
+    @property
+    def busy_fraction(self) -> float:
+        return self.busy_s / self.wall_s
+
+
+async def run_mode(name: str, engine: Any, chat: ChatDelta, episodes: list[Episode], *, concurrency: int,
+                   tool_turns: int, tokens_per_turn: int, median_s: float, sigma: float, sync: bool) -> RunResult:
+    """Async: a new episode starts whenever one of ``concurrency`` slots frees (an agent worker's
+    ``max_concurrent_episodes``). Sync: batches of ``concurrency`` episodes, each run in lock-step rounds."""
+    recorder = EngineGenerator(engine)
+    generator: Any = TurnCap(recorder, tokens_per_turn)
+    limits = LoopLimits(max_response_length=4096, max_model_len=8192, max_assistant_turns=tool_turns + 1)
+
+    def context(gen: Any) -> AgentContext:
+        return AgentContext(generator=gen, chat=chat, parse=always_call, limits=limits,
+                            tools={"lookup": LookupTool(median_s, sigma)}, reward=lambda episode, text: 0.0)
+
+    slots = asyncio.Semaphore(concurrency)
+
+    async def one(ctx: AgentContext, episode: Episode, barrier: RoundBarrier | None) -> None:
+        async with slots:
+            try:
+                await run_episode(ctx, episode)
+            finally:
+                if barrier is not None:
+                    barrier.leave()
+
+    started = time.perf_counter()
+    if sync:
+        for first in range(0, len(episodes), concurrency):
+            batch = episodes[first:first + concurrency]
+            barrier = RoundBarrier(generator, len(batch))
+            ctx = context(barrier)
+            await asyncio.gather(*(one(ctx, e, barrier) for e in batch))
+    else:
+        ctx = context(generator)
+        await asyncio.gather(*(one(ctx, e, None) for e in episodes))
+    wall = time.perf_counter() - started
+    return RunResult(name, wall, len(episodes), recorder.busy_s, sum(recorder.turn_s) / len(recorder.turn_s))
+
+
+def _engine(model_dir: Path, batch: int) -> Any:
+    from deployments.engines.hf_engine import HFEngine
+
+    return HFEngine(str(model_dir), max_model_len=8192, max_batch_size=batch, eos_token_ids=())
+
+
+async def main_async(args: argparse.Namespace) -> list[RunResult]:
+    from transformers import AutoTokenizer
+
+    model_dir = Path(args.model) if args.model else _build_model()
+    engine = _engine(model_dir, args.max_batch_size)
+    chat = ChatDelta(AutoTokenizer.from_pretrained(model_dir))
+    episodes = make_episodes(args.episodes)
+    common = dict(concurrency=args.concurrency, tool_turns=args.tool_turns, tokens_per_turn=args.tokens_per_turn,
+                  sigma=args.sigma)
+    await run_mode("warm-up", engine, chat, make_episodes(args.max_batch_size), median_s=0.0, sync=False, **common)
+    limit = await run_mode("async, no tool latency", engine, chat, episodes, median_s=0.0, sync=False, **common)
+    # One generation turn = the time a full engine batch takes for one turn in the engine-bound run
+    # (batch slots / turns per second); an episode's own generate latency would also count queueing.
+    turns = len(episodes) * (args.tool_turns + 1)
+    median_s = args.max_batch_size * limit.wall_s / turns
+    print(f"tool latency: lognormal, median {median_s * 1000:.0f} ms (= one generation turn), sigma {args.sigma}")
+    async_run = await run_mode("async, lognormal tools", engine, chat, episodes, median_s=median_s, sync=False,
+                               **common)
+    sync_run = await run_mode("sync batched, lognormal tools", engine, chat, episodes, median_s=median_s,
+                              sync=True, **common)
+    return [async_run, sync_run, limit]
+
+
+def _build_model() -> Path:
+    from apps.make_tiny_model import build_tiny_model
+
+    return build_tiny_model(Path(tempfile.mkdtemp(prefix="bench_tiny_")), seed=0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=None, help="model folder (default: build the tiny model)")
+    parser.add_argument("--episodes", type=int, default=512)
+    parser.add_argument("--concurrency", type=int, default=128, help="episodes in flight (sync: batch size)")
+    parser.add_argument("--max-batch-size", type=int, default=32, help="engine batch (episodes > batch keep it full)")
+    parser.add_argument("--tool-turns", type=int, default=3)
+    parser.add_argument("--tokens-per-turn", type=int, default=16)
+    parser.add_argument("--sigma", type=float, default=1.0)
+    args = parser.parse_args(argv)
+    runs = asyncio.run(main_async(args))
+    async_run, sync_run, limit = runs
+    print(f"{'mode':32s} {'episodes/s':>10s} {'engine busy':>11s} {'wall s':>7s}")
+    for run in runs:
+        print(f"{run.name:32s} {run.episodes_per_s:10.2f} {run.busy_fraction:11.2f} {run.wall_s:7.2f}")
+    print(f"async / sync = {async_run.episodes_per_s / sync_run.episodes_per_s:.2f}x (goal >= 3x); "
+          f"async / engine-bound = {async_run.episodes_per_s / limit.episodes_per_s:.2f}x (goal >= 0.9x)")
+
+
+if __name__ == "__main__":
+    main()
