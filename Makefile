@@ -23,7 +23,7 @@ demo: $(STAMP)
 
 # unit + integration; gpu tests skip themselves with a reason when no GPU is present.
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not gpu or gpu" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # the fast tier (< 2 minutes): everything but slow tests.
 test-fast: $(STAMP)

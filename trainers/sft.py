@@ -168,7 +168,10 @@ def sft_loop_per_worker(config: dict[str, Any]) -> None:
             if rank == 0:
                 with (Path(spec.sft.output_dir) / "sft_metrics.jsonl").open("a") as fh:
                     fh.write(json.dumps(metrics) + "\n")
-            ray.train.report(metrics)
+            # A Ray Train report costs a round trip to the controller: once per epoch is enough here
+            # (every step's loss is in sft_metrics.jsonl).
+            if plan is plans[-1]:
+                ray.train.report(metrics)
     save_full_model(model, spec)
 
 

@@ -17,7 +17,7 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from configs import TandemConfig
-from trainers.worker import WorkerSpec, train_loop_per_worker
+from trainers.worker import LEARNER_METRICS, WorkerSpec, train_loop_per_worker
 
 
 def _use_gpu(device: str) -> bool:
@@ -63,7 +63,7 @@ def build_trainer(
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, float]]:
     """Per-step metrics written by rank 0, one per step (a step retried after a failure keeps its last line)."""
-    path = Path(run_dir).resolve() / "metrics.jsonl"
+    path = Path(run_dir).resolve() / LEARNER_METRICS
     if not path.exists():
         return []
     by_step: dict[int, dict[str, float]] = {}

@@ -2,7 +2,7 @@
 report metrics, checkpoint, resume.
 
 Rank 0 is the only rank that talks to the source and the publisher and writes files; the batch reaches
-the other ranks through ``broadcast_object_list``. Metrics also go to ``<run_dir>/metrics.jsonl``
+the other ranks through ``broadcast_object_list``. Metrics also go to ``<run_dir>/learner_metrics.jsonl``
 (rank 0, one line per step) because Ray Train V2 may hand back ``result.metrics = None``.
 """
 
@@ -153,8 +153,11 @@ def _report(spec, model, optimizer, scheduler, progress: Progress, metrics: dict
         )
 
 
+LEARNER_METRICS = "learner_metrics.jsonl"
+
+
 def append_metrics(run_dir: str, metrics: dict[str, float]) -> None:
-    path = Path(run_dir) / "metrics.jsonl"
+    path = Path(run_dir) / LEARNER_METRICS
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as fh:
         fh.write(json.dumps(metrics, sort_keys=True) + "\n")
@@ -202,6 +205,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         metrics.update(step=float(step), policy_version=float(progress.policy_version), batch_wait_s=wait_s)
         if rank == 0:
             append_metrics(spec.run_dir, metrics)
+            if _has_method(spec.publisher, "record_metrics"):  # the streaming driver logs them per step
+                ray.get(spec.publisher.record_metrics.remote(metrics))
         last = spec.total_steps is not None and step == spec.total_steps
         checkpoint = (save_freq > 0 and step % save_freq == 0) or (last and save_freq != 0)
         _report(spec, model, optimizer, scheduler, progress, metrics, checkpoint, rank)

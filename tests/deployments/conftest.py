@@ -59,7 +59,7 @@ def ray_cluster():
     os.environ["RAY_AUTH_MODE"] = "disabled"
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     if not ray.is_initialized():
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+        ray.init(num_cpus=16, include_dashboard=False, log_to_driver=False)  # logical CPUs: all tiers share one cluster
     yield
     serve.shutdown()
     ray.shutdown()

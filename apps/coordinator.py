@@ -1,0 +1,111 @@
+"""The coordinator: keeps agent workers busy with prompt groups, within the buffer's admission bound
+(apps layer: wires deployments' agent workers to the trainers' buffer).
+
+A Ray async actor. It walks the training rows epoch by epoch (shuffled with the run seed), asks the
+``TrajectoryBuffer`` how many groups it may start (``admit``), and hands each admitted row to the
+least busy agent worker. A worker puts the finished group into the buffer itself; a worker error
+is counted in the buffer (``mark_failed``) so that every admitted group is accounted for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from typing import Any
+
+import ray
+
+log = logging.getLogger("tandem_rl.coordinator")
+
+
+class RowCursor:
+    """Rows in epoch order, reshuffled per epoch; ``position`` is the resumable data cursor."""
+
+    def __init__(self, rows: list[dict[str, Any]], *, seed: int, shuffle: bool, start: int = 0):
+        if not rows:
+            raise ValueError("no training rows")
+        self.rows = rows
+        self.seed = seed
+        self.shuffle = shuffle
+        self.position = start
+
+    def next(self) -> tuple[int, dict[str, Any]]:
+        epoch, offset = divmod(self.position, len(self.rows))
+        order = list(range(len(self.rows)))
+        if self.shuffle:
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        self.position += 1
+        return self.position - 1, self.rows[order[offset]]
+
+
+class Coordinator:
+    def __init__(self, rows: list[dict[str, Any]], workers: list[Any], buffer: Any, *, seed: int = 1,
+                 shuffle: bool = True, start_position: int = 0, max_in_flight: int = 256):
+        self.cursor = RowCursor(rows, seed=seed, shuffle=shuffle, start=start_position)
+        self.workers = workers
+        self.busy = [0] * len(workers)
+        self.buffer = buffer
+        self.max_in_flight = max_in_flight
+        self._stop = asyncio.Event()
+        self._tasks: set[asyncio.Task] = set()
+        self.started_groups = 0
+        self.finished_groups = 0
+        self.failed_groups = 0
+        self.finished_episodes = 0
+        self._t0 = time.perf_counter()
+
+    async def run(self) -> dict[str, float]:
+        """Dispatch until ``stop()``; returns the final stats."""
+        while not self._stop.is_set():
+            want = self.max_in_flight - len(self._tasks)
+            granted = await self.buffer.admit.remote(want) if want > 0 else 0
+            for _ in range(granted):
+                self._dispatch()
+            if granted == 0:
+                # Nothing to start: wait for a group to finish or for the learner to move on.
+                await asyncio.sleep(0.05)
+        for task in list(self._tasks):
+            task.cancel()
+        return self.stats()
+
+    def _dispatch(self) -> None:
+        index, row = self.cursor.next()
+        worker = min(range(len(self.workers)), key=self.busy.__getitem__)
+        self.busy[worker] += 1
+        self.started_groups += 1
+        task = asyncio.create_task(self._run_group(worker, row, index))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run_group(self, worker: int, row: dict[str, Any], index: int) -> None:
+        try:
+            stats = await self.workers[worker].run_rows.remote([row], step=index)
+            self.finished_groups += 1
+            self.finished_episodes += int(stats.get("num_trajectories", 0))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a fault boundary: one bad group must not stop training
+            log.warning("group for row %s failed on worker %d: %s", row.get("extra_info", {}).get("index"),
+                        worker, exc)
+            self.failed_groups += 1
+            await self.buffer.mark_failed.remote(1)
+        finally:
+            self.busy[worker] -= 1
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def stats(self) -> dict[str, float]:
+        elapsed = time.perf_counter() - self._t0
+        return {
+            "rollout/groups_started": float(self.started_groups),
+            "rollout/groups_finished": float(self.finished_groups),
+            "rollout/groups_failed": float(self.failed_groups),
+            "rollout/episodes_per_s": self.finished_episodes / elapsed if elapsed > 0 else 0.0,
+            "data/cursor": float(self.cursor.position),
+        }
+
+
+CoordinatorActor = ray.remote(num_cpus=0)(Coordinator).options(max_concurrency=1000)

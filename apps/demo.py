@@ -1,0 +1,130 @@
+"""``make demo`` — the embedded default main job on a CPU (apps layer).
+
+Stages, each cached under ``.cache/`` so a second run skips what is finished:
+1. build the tiny model (``.cache/tiny-model``),
+2. write the arithmetic task: GRPO rows and SFT transcripts whose tool calls use mixed formats,
+3. SFT cold start (``.cache/sft-model``) on the same Ray Train pool,
+4. streaming GRPO + LoRA with the calculator tool (``apps.train`` on ``configs/demo_cpu.yaml``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from agents.data import arithmetic
+from agents.data.rows import validate_row, write_jsonl, write_parquet
+from configs import TandemConfig, load_config
+
+log = logging.getLogger("tandem_rl.demo")
+CACHE = Path(".cache")
+TINY_MODEL = CACHE / "tiny-model"
+DATA_DIR = CACHE / "demo" / "data"
+TRAIN_ROWS, VAL_ROWS, SFT_TRANSCRIPTS = 512, 64, 1200
+
+
+def _stage_done(folder: Path, key: str) -> bool:
+    marker = folder / ".tandem-stage"
+    return marker.is_file() and marker.read_text().strip() == key
+
+
+def _mark_done(folder: Path, key: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / ".tandem-stage").write_text(key + "\n")
+
+
+def _key(*parts: object) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def build_model(seed: int) -> Path:
+    key = _key("tiny-model", seed)
+    if _stage_done(TINY_MODEL, key):
+        print(f"[1/4] tiny model: cached at {TINY_MODEL}")
+        return TINY_MODEL
+    from apps.make_tiny_model import build_tiny_model
+
+    started = time.perf_counter()
+    build_tiny_model(TINY_MODEL, seed=seed)
+    _mark_done(TINY_MODEL, key)
+    print(f"[1/4] tiny model: built {TINY_MODEL} in {time.perf_counter() - started:.1f}s")
+    return TINY_MODEL
+
+
+def write_data(cfg: TandemConfig, seed: int) -> str:
+    key = _key("data", seed, TRAIN_ROWS, VAL_ROWS, SFT_TRANSCRIPTS)
+    if _stage_done(DATA_DIR, key):
+        print(f"[2/4] data: cached at {DATA_DIR}")
+        return key
+    from agents.tools.registry import load_tools
+
+    schemas = [tool.schema for tool in load_tools(cfg.tool_config_path).values()]
+    for split, count, path in (("train", TRAIN_ROWS, cfg.data.train_paths[0]), ("val", VAL_ROWS, cfg.data.val_paths[0])):
+        rows = [validate_row(r, f"{split} row {i}") for i, r in enumerate(arithmetic.make_rows(count, seed, split))]
+        write_parquet(rows, Path(path))
+        write_jsonl(rows, Path(path).with_suffix(".jsonl"))
+    transcripts = arithmetic.make_sft_transcripts(SFT_TRANSCRIPTS, seed, schemas)
+    sft_path = Path(_first(cfg.sft.train_files))
+    sft_path.parent.mkdir(parents=True, exist_ok=True)
+    sft_path.write_text("".join(json.dumps(t) + "\n" for t in transcripts))
+    _mark_done(DATA_DIR, key)
+    formats = sorted({t["call_format"] for t in transcripts})
+    print(f"[2/4] data: {TRAIN_ROWS} train / {VAL_ROWS} val rows, {len(transcripts)} SFT transcripts "
+          f"with tool calls in {len(formats)} formats ({', '.join(formats)}) → {DATA_DIR}")
+    return key
+
+
+def _first(value: str | list[str] | None) -> str:
+    if value is None:
+        raise ValueError("sft.train_files is not set")
+    return value if isinstance(value, str) else value[0]
+
+
+def cold_start(cfg: TandemConfig, data_key: str) -> None:
+    out = Path(cfg.sft.output_dir)
+    key = _key("sft", cfg.sft.model_dump(), data_key)
+    if _stage_done(out, key):
+        print(f"[3/4] SFT cold start: cached at {out}")
+        return
+    from apps.driver import connect_ray
+    from trainers.sft import run_sft
+
+    started = time.perf_counter()
+    connect_ray(cfg)
+    base = cfg.actor_rollout_ref.model.model_copy(update={"path": str(TINY_MODEL.resolve()), "tokenizer_path": None})
+    trainer = cfg.trainer
+    result = run_sft(cfg.sft.model_copy(update={"train_files": str(Path(_first(cfg.sft.train_files)).resolve())}), base, cfg.actor_rollout_ref.actor.fsdp_config, num_workers=trainer.n_gpus_per_node,
+                     device=trainer.device, seed=trainer.seed, experiment_name=f"{trainer.experiment_name}-sft")
+    _mark_done(out, key)
+    losses = [row["sft_loss"] for row in result.steps]
+    print(f"[3/4] SFT cold start: {result.kept} transcripts, {len(losses)} steps, loss {losses[0]:.3f} → "
+          f"{losses[-1]:.3f}, {out} in {time.perf_counter() - started:.1f}s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="tandem-rl CPU demo")
+    parser.add_argument("--config", default="configs/demo_cpu.yaml")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    started = time.perf_counter()
+    cfg = load_config(args.config, args.overrides)
+    build_model(cfg.trainer.seed)
+    data_key = write_data(cfg, cfg.trainer.seed)
+    if cfg.sft.enabled:
+        cold_start(cfg, data_key)
+    print("[4/4] streaming GRPO + LoRA with the calculator tool")
+    from apps.train import run
+
+    code = run(cfg)
+    print(f"demo finished in {time.perf_counter() - started:.1f}s")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
