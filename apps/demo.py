@@ -13,6 +13,7 @@ import argparse
 import hashlib
 import json
 import logging
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -85,12 +86,12 @@ def _first(value: str | list[str] | None) -> str:
     return value if isinstance(value, str) else value[0]
 
 
-def cold_start(cfg: TandemConfig, data_key: str) -> None:
+def cold_start(cfg: TandemConfig, data_key: str) -> str:
     out = Path(cfg.sft.output_dir)
     key = _key("sft", cfg.sft.model_dump(), data_key)
     if _stage_done(out, key):
         print(f"[3/4] SFT cold start: cached at {out}")
-        return
+        return key
     from apps.driver import connect_ray
     from trainers.sft import run_sft
 
@@ -104,6 +105,30 @@ def cold_start(cfg: TandemConfig, data_key: str) -> None:
     losses = [row["sft_loss"] for row in result.steps]
     print(f"[3/4] SFT cold start: {result.kept} transcripts, {len(losses)} steps, loss {losses[0]:.3f} → "
           f"{losses[-1]:.3f}, {out} in {time.perf_counter() - started:.1f}s")
+    return key
+
+
+def grpo(cfg: TandemConfig, sft_key: str) -> int:
+    """Stage 4; a finished run with the same config and cold start is shown from its files, not rerun."""
+    from apps.driver import summary_table
+    from apps.train import run
+
+    run_dir = Path(cfg.trainer.run_dir)
+    key = _key("grpo", cfg.model_dump(mode="json"), sft_key)
+    if _stage_done(run_dir, key):
+        history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        print(f"[4/4] streaming GRPO: cached at {run_dir} (delete it to train again)")
+        accounting = {k: v for k, v in history[-1].items() if k.startswith("groups/")}
+        summary_table(history, {"run dir": run_dir.resolve(), "reward curve": (run_dir / "reward_curve.png").resolve()},
+                      accounting)
+        return 0
+    if run_dir.exists():  # a run of another config or cold start: never resume across those
+        shutil.rmtree(run_dir)
+    print("[4/4] streaming GRPO + LoRA with the calculator tool")
+    code = run(cfg)
+    if code == 0:
+        _mark_done(run_dir, key)
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,12 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(args.config, args.overrides)
     build_model(cfg.trainer.seed)
     data_key = write_data(cfg, cfg.trainer.seed)
-    if cfg.sft.enabled:
-        cold_start(cfg, data_key)
-    print("[4/4] streaming GRPO + LoRA with the calculator tool")
-    from apps.train import run
-
-    code = run(cfg)
+    sft_key = cold_start(cfg, data_key) if cfg.sft.enabled else "no-sft"
+    code = grpo(cfg, sft_key)
     print(f"demo finished in {time.perf_counter() - started:.1f}s")
     return code
 

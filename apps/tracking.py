@@ -49,6 +49,10 @@ class RunTracker:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = run_dir / "metrics.jsonl"
         self.history: list[dict[str, float]] = []
+        # Rows of an earlier run in this folder; those from the first step logged now onwards are
+        # replaced (a resumed run keeps the steps before its checkpoint).
+        self._earlier = [json.loads(line) for line in self.metrics_path.read_text().splitlines()] \
+            if self.metrics_path.is_file() else []
         self.mlflow_run_id: str | None = None
         self._wandb = None
         self._gauges: dict[str, Any] = {}
@@ -95,6 +99,10 @@ class RunTracker:
 
     def log_step(self, step: int, metrics: dict[str, float]) -> None:
         row = {"step": step, **{k: float(v) for k, v in metrics.items() if _is_number(v)}}
+        if not self.history:
+            kept = [r for r in self._earlier if r.get("step", 0) < step]
+            self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            self.history.extend(kept)
         self.history.append(row)
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(row) + "\n")

@@ -5,8 +5,9 @@ Deterministic from a seed. Three products:
 - SFT transcripts whose tool calls are written in *mixed* formats (hermes tags, ``<tools>``,
   fenced JSON, bare JSON, OpenAI shape, qwen3 XML) so the cold-started model emits all of them and
   only the universal ``qwen25_coder`` parser reads every one,
-- ``score_answer``: 1.0 when the last assistant message states the right number, 0.5 when it states a
-  number in the answer form (``The answer is N.``) that is wrong, else 0. The partial credit is what a
+- ``score_answer``: 1.0 when the last assistant message states the right number; 0.5 when the episode
+  made a successful calculator call and then stated a number in the answer form (``The answer is N.``)
+  that is wrong; else 0. The partial credit is what a
   one-million-parameter model can earn: it learns the tool-use protocol and the answer form from SFT
   and RL, but not to copy multi-digit numbers within a CPU demo's budget (measured: 0/64 exact after
   a 225-step SFT), so an exact-match-only reward would give GRPO no signal at all.
@@ -124,9 +125,12 @@ def extract_answer(text: str) -> int | None:
 FORMAT_CREDIT = 0.5
 
 
-def score_answer(final_text: str, ground_truth: str) -> float:
-    """1.0 for the right number, ``FORMAT_CREDIT`` for a wrong number in the answer form, else 0.0."""
+def score_answer(final_text: str, ground_truth: str, *, num_tool_calls: int = 0, num_tool_errors: int = 0) -> float:
+    """1.0 for the right number; ``FORMAT_CREDIT`` for a wrong number in the answer form after at least one
+    calculator call that succeeded (so answering without the tool earns nothing); else 0.0."""
     answer = extract_answer(final_text)
     if answer is None:
         return 0.0
-    return 1.0 if str(answer) == str(ground_truth).strip() else FORMAT_CREDIT
+    if str(answer) == str(ground_truth).strip():
+        return 1.0
+    return FORMAT_CREDIT if num_tool_calls - num_tool_errors > 0 else 0.0

@@ -264,7 +264,11 @@ class AgentLoop:
         if scoring:
             scores = [await t.calc_reward(self.episode.trajectory_id) for t in scoring]
             return float(max(scores))
-        return float(self.ctx.reward(self.episode, self.p.last_text))
+        # Scorers may also declare how the episode used its tools (keyword-only num_tool_calls /
+        # num_tool_errors); compute_reward passes each scorer only the keys it declares.
+        usage = {"num_tool_calls": self.p.num_tool_calls, "num_tool_errors": self.p.num_tool_errors}
+        episode = replace(self.episode, extra_info={**self.episode.extra_info, **usage})
+        return float(self.ctx.reward(episode, self.p.last_text))
 
     def result(self, reward: float) -> EpisodeResult:
         p = self.p

@@ -58,11 +58,13 @@ def ray_cluster():
 
     os.environ["RAY_AUTH_MODE"] = "disabled"
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    if not ray.is_initialized():
+    started = not ray.is_initialized()
+    if started:
         ray.init(num_cpus=16, include_dashboard=False, log_to_driver=False)  # logical CPUs: all tiers share one cluster
     yield
-    serve.shutdown()
-    ray.shutdown()
+    if started:  # the fixture that started the cluster stops it, after every user of it
+        serve.shutdown()
+        ray.shutdown()
 
 
 @pytest.fixture(scope="session")
