@@ -78,6 +78,7 @@ def test_args_from_config_vllm_passes_engine_kwargs_through():
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_deploy_rollout_app_from_a_config(rollout_app, tiny_model_dir):
     # ``rollout_app`` first: Serve is then already running on the session's port (the config's 8000 may be taken).
     from ray import serve
