@@ -21,7 +21,7 @@ import os
 import time
 import uuid
 from collections import OrderedDict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any, Literal
 
 from fastapi import FastAPI, Header, HTTPException, Request
@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from agents.loops.session_merge import SessionCall
 from agents.parsers import parse_tool_calls, strip_end_markers
 from agents.records import GenerateRequest, GenerateResult, SamplingParams
 from deployments.engines.base import PromptTooLong
@@ -57,17 +58,6 @@ class ChatCompletionRequest(BaseModel):
     seed: int | None = None
     n: Literal[1] = 1
     stream: Literal[False] = False
-
-
-@dataclass(frozen=True)
-class SessionCall:
-    """One chat completion of a session, token-exact, for training."""
-
-    prompt_ids: tuple[int, ...]
-    response_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    policy_version: int
-    finish_reason: str
 
 
 def _flatten_content(message: dict[str, Any]) -> dict[str, Any]:

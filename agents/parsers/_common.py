@@ -15,9 +15,10 @@ from __future__ import annotations
 import ast
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
-from agents.records import ToolCall
+from agents.records import ParsedToolCalls, ToolCall
 
 # Tool names as OpenAI accepts them (letters, digits, _ and -), plus "." for namespaced tools.
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,127}\Z")
@@ -37,6 +38,27 @@ def snippet(text: str, limit: int = 80) -> str:
     """One-line, bounded excerpt of model text for error messages."""
     flat = " ".join(text.split())
     return repr(flat if len(flat) <= limit else flat[: limit - 3] + "...")
+
+
+CLOSED_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+def parse_closed_blocks(text: str, decode: Callable[[str], ToolCall]) -> ParsedToolCalls:
+    """Decode every closed ``<tool_call>`` block with ``decode`` (which raises ``CallDecodeError``);
+    every byte outside the blocks is content. The strict parsers share this loop."""
+    calls: list[ToolCall] = []
+    errors: list[str] = []
+    pieces: list[str] = []
+    pos = 0
+    for number, match in enumerate(CLOSED_TOOL_CALL.finditer(text), start=1):
+        pieces.append(text[pos : match.start()])
+        pos = match.end()
+        try:
+            calls.append(decode(match.group(1)))
+        except CallDecodeError as exc:
+            errors.append(f"<tool_call> block {number}: {exc}")
+    pieces.append(text[pos:])
+    return ParsedToolCalls(calls=calls, content=join_content(pieces), errors=errors)
 
 
 def join_content(pieces: list[str]) -> str:

@@ -12,10 +12,9 @@ import json
 import re
 from typing import Any
 
-from agents.parsers._common import CallDecodeError, join_content, snippet
+from agents.parsers._common import CallDecodeError, parse_closed_blocks, snippet
 from agents.records import ParsedToolCalls, ToolCall
 
-_BLOCK_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _FUNCTION_RE = re.compile(r"\s*<function=([^>\n]*)>(.*)</function>\s*\Z", re.DOTALL)
 _PARAMETER_RE = re.compile(r"<parameter=([^>\n]*)>(.*?)</parameter>", re.DOTALL)
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,127}\Z")
@@ -61,16 +60,4 @@ def _reject_constant(token: str) -> Any:
 
 def parse(text: str) -> ParsedToolCalls:
     """Calls from closed ``<tool_call>`` blocks holding one ``<function=...>`` each."""
-    calls: list[ToolCall] = []
-    errors: list[str] = []
-    pieces: list[str] = []
-    pos = 0
-    for number, match in enumerate(_BLOCK_RE.finditer(text), start=1):
-        pieces.append(text[pos : match.start()])
-        pos = match.end()
-        try:
-            calls.append(parse_xml_call(match.group(1)))
-        except CallDecodeError as exc:
-            errors.append(f"<tool_call> block {number}: {exc}")
-    pieces.append(text[pos:])
-    return ParsedToolCalls(calls=calls, content=join_content(pieces), errors=errors)
+    return parse_closed_blocks(text, parse_xml_call)
