@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +58,11 @@ def with_absolute_paths(cfg: TandemConfig) -> TandemConfig:
                        ("tools.config_path", cfg.tools.config_path)):
         if value:
             updates.append(f"{key}={Path(value).resolve()}")
-    from configs import load_config
+    from configs import ConfigWarning, load_config
 
-    return load_config(cfg.model_dump(exclude_unset=True), updates)
+    with warnings.catch_warnings():  # already shown when the config was first loaded
+        warnings.simplefilter("ignore", ConfigWarning)
+        return load_config(cfg.model_dump(exclude_unset=True), updates)
 
 
 def load_training_rows(cfg: TandemConfig, tokenizer: Any, tools_schemas: list[dict[str, Any]]) -> list[dict]:

@@ -60,7 +60,7 @@ def run(cfg: TandemConfig) -> int:
     total_steps = cfg.trainer.total_training_steps or max(1, cfg.trainer.total_epochs * len(rows) // batch)
 
     # 2. Rollout engines: attach to an app deployed with `serve deploy`, or deploy it now.
-    attached = cfg.serve.app_name in serve.status().applications if _serve_running() else False
+    attached = cfg.serve.app_name in _deployed_apps()
     rollout = rollout_handle(cfg.serve.app_name) if attached else deploy_rollout_app(cfg)
     log.info("%s rollout app %r", "attached to" if attached else "deployed", cfg.serve.app_name)
 
@@ -131,12 +131,12 @@ def _follow_steps(fit, bridge, buffer, coordinator, tracker: RunTracker, total_s
                 time.sleep(0.5)
 
 
-def _serve_running() -> bool:
+def _deployed_apps() -> set[str]:
+    """Serve applications already running on the cluster (none when Serve is not started)."""
     try:
-        serve.status()
-        return True
+        return set(serve.status().applications)
     except Exception:  # Serve not started on this cluster yet
-        return False
+        return set()
 
 
 def _tracer_factory(cfg: TandemConfig, run_id: str):
