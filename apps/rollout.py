@@ -139,6 +139,8 @@ def _engine_kwargs(cfg: TandemConfig) -> dict[str, Any]:
         kwargs.setdefault("dtype", rollout.dtype)
     if rollout.name == "hf":
         kwargs.setdefault("max_batch_size", rollout.max_num_seqs)
+        # batch-synchronous runs sync weights with nothing in flight: draining costs them nothing
+        kwargs.setdefault("swap", "interrupt" if cfg.stream.enabled and cfg.stream.partial_rollout else "drain")
         return kwargs
     defaults = {
         "max_num_seqs": rollout.max_num_seqs,

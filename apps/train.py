@@ -75,7 +75,7 @@ def run(cfg: TandemConfig) -> int:
     workers = [AgentWorker.remote(spec, rollout, buffer, tracer_factory=tracer_factory, run_id=run_id,
                                   worker_index=i) for i in range(cfg.actor_rollout_ref.rollout.agent.num_workers)]
     coordinator = CoordinatorActor.remote(rows, workers, buffer, seed=cfg.trainer.seed,
-                                          shuffle=cfg.data.shuffle)
+                                          shuffle=cfg.data.shuffle, run_id=run_id)
     coordinator_done = coordinator.run.remote()
 
     # 4. The learner: Ray Train GRPO in a thread; each step's metrics arrive through the bridge.

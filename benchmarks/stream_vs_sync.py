@@ -1,43 +1,54 @@
 """Streaming vs batch-synchronous GRPO: wall time per training step on a long-tailed response-length mix,
-both measured in one run.
+all modes measured in one run.
 
 Real parts: ``HFEngine`` generation (step-level batching) on a random tiny Qwen2, the ``TrajectoryBuffer``
-(admission bounded by ``max_staleness``, first complete groups win), and the real GRPO step
-(``trainers.step.train_step``, FSDP2 over one in-process gloo rank), all in one process without Ray so
-that only the scheduling differs between the two modes. Response lengths are drawn per sample from a
-long-tailed mix (85% 16-48 tokens, 15% 512-1024: agent episodes that hit tool loops) and forced by ``max_new_tokens``
-with EOS disabled; both modes see the same sequence of groups and lengths. New adapters are not loaded
-into the engine here (the sampled tokens are the same either way; weight sync is measured by the driver).
+(admission bounded by ``max_staleness``, first complete groups win), the real GRPO step
+(``trainers.step.train_step``, FSDP2 over one gloo rank) and real weight sync: after every step the
+learner writes its LoRA adapter and the engine loads it before the buffer's version moves on. As in a
+real run, the engine has its own process (a rollout replica) and the learner another (a Ray Train
+worker), one core each; Ray itself is left out so that only the scheduling differs between the modes.
+Response lengths are drawn per sample from a long-tailed mix (85% 16-48 tokens, 15% 512-1024: agent
+episodes that hit tool loops) and forced by ``max_new_tokens`` with EOS disabled; every mode sees the
+same sequence of groups and lengths.
 
-- sync: generate every group of the batch (the slowest decides), then train; no generation while training.
-- stream: keep generating within ``--max-staleness`` (default 2); the learner takes the first complete groups.
+- sync: generate every group of the batch (the slowest decides), train, sync weights; no generation
+  while training.
+- stream: keep generating within ``--max-staleness`` (default 2); the learner takes the first complete
+  groups; weight syncs interrupt running generations, which continue with the new adapter (partial
+  rollouts, ``stream.partial_rollout: true``, the default).
+- stream-drain: the same, but a weight sync waits for the running generations to finish
+  (``stream.partial_rollout: false``): shows what one long generation costs every sync.
 
-    python -m benchmarks.stream_vs_sync [--steps 6] [--groups 4] [--n 4]
+    python -m benchmarks.stream_vs_sync [--steps 8] [--groups 4] [--n 4] [--max-staleness 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing as mp
 import random
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from agents.records import SamplingParams, Trajectory
+from agents.records import AdapterRef, SamplingParams, Trajectory
 from configs import load_config
-from deployments.engines.hf_engine import HFEngine
+from deployments.engines.hf_engine import HFEngine, SwapMode
 from trainers.buffer import TrajectoryBuffer
-from trainers.model import build_policy
+from trainers.model import build_policy, gather_adapter, save_adapter
 from trainers.step import StepSettings, train_step
 from trainers.worker import build_optimizer, make_scheduler
 
 VOCAB, PROMPT, MAX_RESPONSE = 1000, 48, 1024
+MODES: dict[str, SwapMode] = {"sync": "drain", "stream": "interrupt", "stream-drain": "drain"}
 
 
 def lengths_for(group: int, n: int) -> list[int]:
@@ -45,64 +56,152 @@ def lengths_for(group: int, n: int) -> list[int]:
     return [rng.randint(MAX_RESPONSE // 2, MAX_RESPONSE) if rng.random() < 0.15 else rng.randint(16, 48) for _ in range(n)]
 
 
+def serve_engine(model_dir: str, swap: SwapMode, requests: Any, replies: Any) -> None:
+    """The rollout process: an ``HFEngine`` answering ``(key, "generate" | "load" | "cancel", args)`` messages."""
+    torch.set_num_threads(1)
+    engine = HFEngine(model_dir, max_model_len=PROMPT + MAX_RESPONSE + 8, max_batch_size=64, eos_token_ids=[],
+                      swap=swap)
+
+    async def answer(key: str, kind: str, args: tuple) -> None:
+        if kind == "load":
+            replies.send((key, await engine.load_adapter(AdapterRef(version=args[0], path=args[1]))))
+        else:
+            replies.send((key, await engine.generate(args[0], args[1], key)))
+
+    async def loop() -> None:
+        tasks: dict[str, asyncio.Task] = {}
+        while (message := await asyncio.to_thread(requests.recv)) is not None:
+            key, kind, _ = message
+            if kind == "cancel":  # the caller gave up: the engine frees the row
+                if key in tasks:
+                    tasks[key].cancel()
+                continue
+            tasks[key] = asyncio.create_task(answer(*message))
+            tasks[key].add_done_callback(lambda _, key=key: tasks.pop(key, None))
+        for task in tasks.values():  # generations still running when the mode ended: nobody awaits them
+            task.cancel()
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+        await engine.close()
+
+    asyncio.run(loop())
+
+
+class EngineProcess:
+    """The learner's side of ``serve_engine``: calls as awaitables, replies read by a thread."""
+
+    def __init__(self, model_dir: Path, swap: SwapMode):
+        ctx = mp.get_context("spawn")
+        child_requests, self._requests = ctx.Pipe(duplex=False)
+        self._replies, child_replies = ctx.Pipe(duplex=False)
+        self._process = ctx.Process(target=serve_engine, args=(str(model_dir), swap, child_requests, child_replies),
+                                    daemon=True)
+        self._process.start()
+        self._pending: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                key, output = self._replies.recv()
+            except (EOFError, OSError):
+                return
+            loop, future = self._pending.pop(key)
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(future.set_result, output)
+
+    async def call(self, key: str, kind: str, *args: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._pending[key] = (loop, future)
+        self._requests.send((key, kind, args))
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._pending.pop(key, None)
+            self._requests.send((key, "cancel", ()))
+            raise
+
+    def close(self) -> None:
+        self._requests.send(None)
+        self._process.join(timeout=30)
+
+
 class Run:
-    def __init__(self, model_dir: Path, groups: int, n: int, steps: int):
-        self.groups, self.n, self.steps = groups, n, steps
-        self.engine = HFEngine(str(model_dir), max_model_len=PROMPT + MAX_RESPONSE + 8, max_batch_size=64,
-                               eos_token_ids=[])
+    def __init__(self, engine: EngineProcess, model_dir: Path, adapter_dir: Path, args: argparse.Namespace):
+        self.engine, self.adapter_dir = engine, adapter_dir
+        self.groups, self.n, self.steps = args.groups, args.n, args.steps
+        self.trained_lengths: list[int] = []
+        self.sync_s: list[float] = []
+        self.wait_s: list[float] = []  # waiting for rollouts (sync: generating the batch)
+        self.train_s: list[float] = []  # GRPO step + writing the adapter
+        self.accounting = ""
         cfg = load_config(None, [
             f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.model.lora_rank=8",
             "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096",
-            f"data.train_batch_size={groups}", f"actor_rollout_ref.actor.ppo_mini_batch_size={groups}",
-            f"data.max_response_length={MAX_RESPONSE}", f"actor_rollout_ref.rollout.n={n}",
+            f"data.train_batch_size={self.groups}", f"actor_rollout_ref.actor.ppo_mini_batch_size={self.groups}",
+            f"data.max_response_length={MAX_RESPONSE}", f"actor_rollout_ref.rollout.n={self.n}",
         ])
         actor, cpu = cfg.actor_rollout_ref.actor, torch.device("cpu")
         self.model = build_policy(cfg.actor_rollout_ref.model, actor.fsdp_config, cpu, seed=0)
         self.optimizer = build_optimizer(self.model, actor.optim)
-        self.scheduler = make_scheduler(self.optimizer, actor.optim, 10 * steps)
+        self.scheduler = make_scheduler(self.optimizer, actor.optim, 10 * self.steps)
         self.settings = StepSettings(actor=actor, max_response_length=MAX_RESPONSE, norm_adv_by_std_in_grpo=True,
                                      temperature=1.0, packed=True, device=cpu, seed=0)
 
-    async def group(self, index: int, version: int) -> list[Trajectory]:
+    async def group(self, index: int) -> list[Trajectory]:
         prompt = tuple(random.Random(10_000 + index).randrange(VOCAB) for _ in range(PROMPT))
 
         async def sample(i: int, length: int) -> Trajectory:
-            out = await self.engine.generate(prompt, SamplingParams(max_new_tokens=length, seed=index * 100 + i),
-                                             f"g{index}-{i}")
+            out = await self.engine.call(f"g{index}-{i}", "generate", prompt,
+                                         SamplingParams(max_new_tokens=length, seed=index * 100 + i))
             return Trajectory(trajectory_id=f"g{index}-{i}", group_id=f"g{index}", prompt_ids=prompt,
                               response_ids=out.token_ids, response_mask=(1,) * len(out.token_ids),
-                              rollout_logprobs=out.logprobs, reward=float((index + i) % 2), policy_version=version)
+                              rollout_logprobs=out.logprobs, reward=float((index + i) % 2),
+                              policy_version=out.policy_version)
 
         return list(await asyncio.gather(*(sample(i, k) for i, k in enumerate(lengths_for(index, self.n)))))
 
     async def learn(self, batch: list[Trajectory], step: int) -> None:
+        """One GRPO step, then weight sync: write the adapter, the engine loads it."""
+        self.trained_lengths.extend(len(t.response_ids) for t in batch)
+        started = time.perf_counter()
         await asyncio.to_thread(train_step, self.model, self.optimizer, self.scheduler, batch, step, self.settings)
+        path = await asyncio.to_thread(save_adapter, self.model, gather_adapter(self.model), self.adapter_dir / f"v{step}")
+        self.train_s.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        await self.engine.call(f"load-{step}", "load", step, str(path))
+        self.sync_s.append(time.perf_counter() - started)
 
     async def sync(self) -> list[float]:
         times, cursor = [], 0
         for step in range(1, self.steps + 1):
             started = time.perf_counter()
-            groups = await asyncio.gather(*(self.group(cursor + g, step - 1) for g in range(self.groups)))
+            groups = await asyncio.gather(*(self.group(cursor + g) for g in range(self.groups)))
             cursor += self.groups
             await self.learn([t for g in groups for t in g], step)
             times.append(time.perf_counter() - started)
+            self.wait_s.append(times[-1] - self.train_s[-1] - self.sync_s[-1])
         return times
 
-    async def stream(self, max_staleness: int = 1) -> list[float]:
+    async def stream(self, max_staleness: int) -> list[float]:
         buffer = TrajectoryBuffer(self.groups, max_staleness, capacity_groups=4 * self.groups, streaming=True)
-        cursor, tasks = 0, set()
+        cursor, tasks = 0, {}  # in flight: task -> (group id, version it started at)
 
-        async def produce(index: int, version: int) -> None:
-            await buffer.put_group(await self.group(index, version))
+        async def produce(index: int) -> None:
+            await buffer.put_group(await self.group(index))
 
-        async def coordinator() -> None:
+        async def coordinator() -> None:  # as apps.coordinator: admit, start, abandon what can't be fresh
             nonlocal cursor
             while not buffer.closed:
                 for _ in range(await buffer.admit(64)):
-                    task = asyncio.create_task(produce(cursor, buffer.version))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
+                    task = asyncio.create_task(produce(cursor))
+                    tasks[task] = (f"g{cursor}", buffer.version)
+                    task.add_done_callback(lambda t: tasks.pop(t, None))
                     cursor += 1
+                _, oldest = await buffer.staleness_window()
+                for task, (group_id, version) in list(tasks.items()):
+                    if version < oldest and await buffer.abandon(group_id):
+                        task.cancel()
                 await asyncio.sleep(0.01)
 
         coord = asyncio.create_task(coordinator())
@@ -110,9 +209,13 @@ class Run:
         for step in range(1, self.steps + 1):
             started = time.perf_counter()
             batch = await buffer.next_batch(step)
+            self.wait_s.append((await buffer.pop_step_metrics(step))["timing/wait_batch_s"])
             await self.learn(batch, step)
             await buffer.set_version(step)
             times.append(time.perf_counter() - started)
+        stats = await buffer.stats()
+        self.accounting = "groups " + ", ".join(f"{key.split('/')[1]}={int(stats[key])}" for key in (
+            "groups/admitted", "groups/trained", "groups/dropped_stale", "groups/aborted_in_flight", "groups/left_over"))
         await buffer.close()
         coord.cancel()
         for task in list(tasks):
@@ -122,7 +225,7 @@ class Run:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--groups", type=int, default=4)
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--max-staleness", type=int, default=2)
@@ -138,12 +241,20 @@ def main() -> None:
                              tie_word_embeddings=True)
         Qwen2ForCausalLM(config).save_pretrained(model_dir)
         results = {}
-        for mode in ("sync", "stream"):
-            run = Run(model_dir, args.groups, args.n, args.steps)
+        for mode, swap in MODES.items():
+            engine = EngineProcess(model_dir, swap)
+            run = Run(engine, model_dir, Path(tmp) / mode, args)
             times = asyncio.run(run.sync() if mode == "sync" else run.stream(args.max_staleness))
-            results[mode] = statistics.mean(times[1:])  # the first step includes warm-up in both modes
-            print(f"{mode:>7}: step times {[round(t, 2) for t in times]}  mean (steps 2..) {results[mode]:.2f}s")
-    print(f"{args.groups} groups x {args.n} samples per step, max_staleness {args.max_staleness}, response lengths 85% 16-48 / 15% {MAX_RESPONSE // 2}-{MAX_RESPONSE} tokens")
+            engine.close()
+            results[mode] = statistics.mean(times[1:])  # the first step includes warm-up in every mode
+            print(f"{mode:>12}: step times {[round(t, 2) for t in times]}  mean (steps 2..) {results[mode]:.2f}s\n"
+                  f"{'':>14}waiting for rollouts {statistics.mean(run.wait_s[1:]):.2f}s, training "
+                  f"{statistics.mean(run.train_s[1:]):.2f}s, weight sync {statistics.mean(run.sync_s[1:]):.2f}s; "
+                  f"trained response length mean {statistics.mean(run.trained_lengths):.0f}; {run.accounting}")
+    print(f"{args.groups} groups x {args.n} samples per step, max_staleness {args.max_staleness}, response lengths "
+          f"85% 16-48 / 15% {MAX_RESPONSE // 2}-{MAX_RESPONSE} tokens")
+    print(f"without partial rollouts (sync step time / stream-drain step time): "
+          f"{results['sync'] / results['stream-drain']:.2f}x")
     print(f"streaming speedup (sync step time / stream step time): {results['sync'] / results['stream']:.2f}x "
           f"(goal >= 2x)")
     dist.destroy_process_group()

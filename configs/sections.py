@@ -177,6 +177,11 @@ class StreamConfig(Section):
     """Most policy versions a trained group may lag behind the learner (0 = on-policy)."""
     buffer_groups: int | None = Field(default=None, ge=1)
     """Capacity of the trajectory buffer in groups (default ``2 × train_batch_size``)."""
+    partial_rollout: bool = True
+    """Weight syncs interrupt running generations instead of waiting for them (streaming, ``hf`` engine):
+    the rows continue with the new adapter after their KV cache is recomputed, so one long episode never
+    stalls a sync (AReaL's interruptible rollouts, verl's ``partial_rollout``). A trajectory's
+    ``policy_version`` is then the oldest adapter that sampled any of its tokens."""
 
 
 class ToolsConfig(Section):

@@ -140,8 +140,8 @@ class AgentWorkerImpl:
         )
         self._slots = asyncio.Semaphore(spec.max_concurrent_episodes)
 
-    def episodes(self, row: DatasetRow, step: int, position: int) -> list[Episode]:
-        group_id = f"{self.run_id}-w{self.worker_index}-s{step}-p{position}-r{row.extra_info.index}"
+    def episodes(self, row: DatasetRow, step: int, position: int, group_id: str | None = None) -> list[Episode]:
+        group_id = group_id or f"{self.run_id}-w{self.worker_index}-s{step}-p{position}-r{row.extra_info.index}"
         return episodes_for_row(
             row, self.spec.n, self.sampling, group_id=group_id, step=step,
             default_agent_loop=self.spec.default_agent_loop,
@@ -151,17 +151,26 @@ class AgentWorkerImpl:
         async with self._slots:
             return await run_episode(self.ctx, episode, self.spec.default_agent_loop)
 
-    async def _group(self, row: DatasetRow, step: int, position: int) -> list[Trajectory]:
-        results = await asyncio.gather(*(self._episode(e) for e in self.episodes(row, step, position)))
+    async def _group(self, row: DatasetRow, step: int, position: int, group_id: str | None) -> list[Trajectory]:
+        results = await asyncio.gather(*(self._episode(e) for e in self.episodes(row, step, position, group_id)))
         group = [t for r in results for t in r.trajectories]
         await self.sink.put_group.remote(group)
         return group
 
-    async def run_rows(self, rows: Sequence[DatasetRow | dict[str, Any]], step: int) -> dict[str, float]:
-        """Run every row's group concurrently, emitting each group as it finishes; returns stats."""
+    async def run_rows(self, rows: Sequence[DatasetRow | dict[str, Any]], step: int,
+                       group_ids: Sequence[str] | None = None) -> dict[str, float]:
+        """Run every row's group concurrently, emitting each group as it finishes; returns stats.
+
+        ``group_ids`` names the groups (the coordinator's, so that it can abandon one in flight); by
+        default they are made from the run, worker, step, position and row index. Cancelling the call
+        (``ray.cancel``) cancels its episodes and their generate requests.
+        """
         parsed = [r if isinstance(r, DatasetRow) else DatasetRow.model_validate(r) for r in rows]
+        if group_ids is not None and len(group_ids) != len(parsed):
+            raise ValueError(f"run_rows: {len(parsed)} rows but {len(group_ids)} group_ids")
+        ids = list(group_ids) if group_ids is not None else [None] * len(parsed)
         started = time.perf_counter()
-        groups = await asyncio.gather(*(self._group(row, step, i) for i, row in enumerate(parsed)))
+        groups = await asyncio.gather(*(self._group(row, step, i, ids[i]) for i, row in enumerate(parsed)))
         return group_stats(groups, time.perf_counter() - started)
 
     def flush_traces(self) -> None:

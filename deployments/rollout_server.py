@@ -6,7 +6,10 @@ follows the app's ``AdapterRegistry``) into a Ray Serve deployment.
 
 Policy versions are exact: an adapter swap waits for the generates already running to finish and holds
 new ones back until it is done (``_VersionGate``), so the ``policy_version`` stamped on a
-``GenerateResult`` is the adapter that sampled every one of its tokens.
+``GenerateResult`` is the adapter that sampled every one of its tokens. An engine that swaps between
+decode steps itself (``HFEngine(swap="interrupt")``: partial rollouts, ``stream.partial_rollout``) says
+so with ``swaps_while_generating``; then a swap does not wait for running generates, and the result's
+``policy_version`` is the engine's: the oldest adapter that sampled any of its tokens.
 """
 
 from __future__ import annotations
@@ -112,6 +115,8 @@ class RolloutServer:
         self.actor_name = ""  # the Ray actor's name when running as a Serve replica
         self.policy_version = 0
         self._gate = _VersionGate()
+        self._swaps_while_generating = bool(getattr(engine, "swaps_while_generating", False))
+        self._swap_lock = asyncio.Lock()
         self._in_flight = 0
         self._peak_in_flight = 0
         self._served = 0
@@ -134,13 +139,14 @@ class RolloutServer:
             token_ids=out.token_ids,
             logprobs=out.logprobs,
             finish_reason=out.finish_reason,
-            policy_version=version,
+            policy_version=out.policy_version if self._swaps_while_generating else version,
             replica_id=self.replica_id,
         )
 
     async def load_adapter(self, ref: AdapterRef) -> int:
-        """Sample with ``ref`` from now on (after the running generates finish); returns the version."""
-        async with self._gate.swapping():
+        """Sample with ``ref`` from now on (after the running generates finish, unless the engine swaps
+        between steps itself); returns the version."""
+        async with self._swap_lock if self._swaps_while_generating else self._gate.swapping():
             await self.engine.load_adapter(ref)
             self.policy_version = ref.version
         self.metrics.set_adapter_version(ref.version)

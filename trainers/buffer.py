@@ -8,7 +8,9 @@ version that sampled any of its tokens); groups beyond ``max_staleness`` are
 dropped and counted. Admission (``admit``) bounds how far generation may run ahead of the learner:
 at learner version ``v`` at most ``(v + max_staleness + 1) × batch_groups`` groups are ever started.
 In synchronous mode a batch's groups are only admitted once the previous step's adapter is
-published, and the learner waits for all of them.
+published, and the learner waits for all of them. A group still in flight that can no longer be fresh
+(``staleness_window``) may be ``abandon``ed by the coordinator: it is counted as dropped_stale (and
+``aborted_in_flight``) at once, its slot goes back to admission, and its late ``put_group`` is ignored.
 
 Every admitted group ends in exactly one bucket: trained, dropped_stale, failed, or left over
 (still queued or in flight at shutdown).
@@ -31,17 +33,19 @@ class BufferStats:
     dropped_stale: int = 0
     failed: int = 0
     completed: int = 0
+    aborted: int = 0  # abandoned while still in flight (also counted in dropped_stale)
     trained_trajectories: int = 0
     staleness: list[int] = field(default_factory=list)
 
     def as_dict(self, depth: int, version: int) -> dict[str, float]:
-        in_flight = self.admitted - self.completed - self.failed
+        in_flight = self.admitted - self.completed - self.failed - self.aborted
         return {
             "buffer/depth": float(depth),
             "buffer/in_flight": float(in_flight),
             "groups/admitted": float(self.admitted),
             "groups/trained": float(self.trained),
             "groups/dropped_stale": float(self.dropped_stale),
+            "groups/aborted_in_flight": float(self.aborted),
             "groups/failed": float(self.failed),
             "groups/left_over": float(self.admitted - self.trained - self.dropped_stale - self.failed),
             "trajectories/trained": float(self.trained_trajectories),
@@ -92,6 +96,8 @@ class TrajectoryBuffer:
         self._batch_staleness: list[int] = []
         self._batch_wait_s = 0.0
         self._step_metrics: dict[int, dict[str, float]] = {}
+        self._arrived: set[str] = set()  # group ids put so far
+        self._abandoned: set[str] = set()
 
     # ---- producer side -------------------------------------------------------------------
     async def admit(self, wanted: int) -> int:
@@ -118,10 +124,34 @@ class TrajectoryBuffer:
         ids = {t.group_id for t in group}
         if len(ids) != 1:
             raise ValueError(f"put_group: trajectories of several groups in one call: {sorted(ids)}")
+        group_id = next(iter(ids))
         async with self._changed:
+            if group_id in self._abandoned:  # already counted as dropped_stale when it was abandoned
+                return
+            self._arrived.add(group_id)
             self._groups.append(list(group))
             self._stats.completed += 1
             self._changed.notify_all()
+
+    async def staleness_window(self) -> tuple[int, int]:
+        """``(version, oldest)``: the published policy version, and the oldest policy version a group may
+        have and still be trained at the next step. A group started at a version below ``oldest`` is
+        dropped when it arrives, whatever it holds."""
+        return self.version, self.version - self.max_staleness
+
+    async def abandon(self, group_id: str) -> bool:
+        """Count the in-flight group ``group_id`` as dropped_stale now (the caller stops generating it).
+
+        False when it has already arrived: then the queue's own staleness check counts it.
+        """
+        async with self._changed:
+            if group_id in self._arrived or group_id in self._abandoned:
+                return False
+            self._abandoned.add(group_id)
+            self._stats.dropped_stale += 1
+            self._stats.aborted += 1
+            self._changed.notify_all()
+            return True
 
     async def mark_failed(self, count: int = 1) -> None:
         """Count admitted groups that failed (worker error) so nothing goes missing."""
@@ -180,7 +210,7 @@ class TrajectoryBuffer:
 
     # ---- internals -----------------------------------------------------------------------
     def _in_flight(self) -> int:
-        return self._stats.admitted - self._stats.completed - self._stats.failed
+        return self._stats.admitted - self._stats.completed - self._stats.failed - self._stats.aborted
 
     def _batch_ready(self) -> bool:
         # Synchronous baseline: train only when the whole admitted batch has finished.

@@ -18,8 +18,11 @@ class EngineOutput:
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     finish_reason: FinishReason
-    # the adapter version that sampled every token of this output (0 = base model)
+    # the adapter version that sampled every token of this output (0 = base model); the oldest one when
+    # an interrupting swap (partial rollout) happened mid-generation
     policy_version: int = 0
+    # the adapter version that sampled each token, when the engine records it (HFEngine does)
+    token_versions: tuple[int, ...] = ()
 
 
 class PromptTooLong(ValueError):

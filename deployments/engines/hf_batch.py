@@ -30,6 +30,7 @@ class RequestState:
     policy_version: int = 0
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    token_versions: list[int] = field(default_factory=list)  # the adapter version that sampled each token
     finish_reason: FinishReason | None = None
 
 

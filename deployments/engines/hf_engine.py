@@ -18,16 +18,22 @@ So this engine batches at the step level itself (sampling and cache bookkeeping:
 - Log-probs are those of the sampled tokens under the raw model distribution (``log_softmax`` of the
   logits, before temperature, top-k and top-p): the quantity the trainer recomputes for the policy at
   temperature 1, and vLLM's default (``raw_logprobs``), so both engines report the same thing.
-- LoRA swaps drain the batch: once ``load_adapter`` is called no new request is admitted, the swap
-  happens when the running batch is empty, then admission resumes. Every output was therefore
-  produced by exactly one adapter version, reported as ``EngineOutput.policy_version``.
+- LoRA swaps, two modes (``swap``):
+  ``drain`` (default): once ``load_adapter`` is called no new request is admitted, the swap happens
+  when the running batch is empty, then admission resumes; every output was produced by exactly one
+  adapter version. ``interrupt`` (partial rollouts, for streaming RL): the swap happens between two
+  decode steps; the running rows' KV cache is recomputed with the new weights and decoding goes on,
+  so a weight sync never waits for a long generation. An output's tokens may then come from several
+  versions; each token's log-prob is the one of the adapter that sampled it (the behaviour policy the
+  trainer's importance ratio needs), and ``EngineOutput.policy_version`` is the oldest of them, so
+  staleness bounds stay conservative.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-from typing import Literal, Sequence
+from typing import Literal, Sequence, get_args
 
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
@@ -38,6 +44,7 @@ from deployments.engines.base import EngineOutput, PromptTooLong
 from deployments.engines.hf_batch import RequestState, RunningBatch, keep_rows, merge_batches, sample_next
 
 DType = Literal["float32", "bfloat16", "float16"]
+SwapMode = Literal["drain", "interrupt"]
 DTYPES: dict[DType, torch.dtype] = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
@@ -51,7 +58,8 @@ class HFEngine:
     ``max_batch_size`` caps the rows decoding together (more requests wait for a free row);
     ``eos_token_ids`` defaults to the model's generation config; ``num_threads`` sets torch's intra-op
     threads (None keeps the process setting, which Ray derives from the replica's ``num_cpus``: more
-    threads than free cores makes batched matmuls wait on descheduled threads).
+    threads than free cores makes batched matmuls wait on descheduled threads); ``swap`` is how
+    ``load_adapter`` treats running requests (see the module docstring).
     """
 
     def __init__(
@@ -65,9 +73,15 @@ class HFEngine:
         eos_token_ids: Sequence[int] | None = None,
         num_threads: int | None = None,
         attn_implementation: str = "sdpa",
+        swap: SwapMode = "drain",
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"HFEngine({model_path!r}): max_batch_size must be >= 1, got {max_batch_size}")
+        if swap not in get_args(SwapMode):
+            raise ValueError(f"HFEngine({model_path!r}): swap must be one of {get_args(SwapMode)}, got {swap!r}")
+        self.swap = swap
+        # read by RolloutServer: in interrupt mode a swap need not wait for the running generates
+        self.swaps_while_generating = swap == "interrupt"
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self.model_path = model_path
@@ -91,7 +105,8 @@ class HFEngine:
         self._batch: RunningBatch | None = None
         self._wake: asyncio.Event | None = None
         self._loop_task: asyncio.Task | None = None
-        self._stats = {"steps": 0, "decode_rows": 0, "max_batch_size": 0, "prefill_tokens": 0, "generated_tokens": 0}
+        self._stats = {"steps": 0, "decode_rows": 0, "max_batch_size": 0, "prefill_tokens": 0, "generated_tokens": 0,
+                       "interrupted_rows": 0, "recomputed_tokens": 0}
 
     def _default_eos(self) -> list[int]:
         eos = self._model.generation_config.eos_token_id
@@ -136,7 +151,8 @@ class HFEngine:
         return await request.future
 
     async def load_adapter(self, ref: AdapterRef) -> None:
-        """Drain in-flight requests, then sample with ``ref`` (version 0 = base model)."""
+        """Sample with ``ref`` from now on (version 0 = base model): after the running requests finish
+        (``drain``), or from the next decode step on (``interrupt``)."""
         future = asyncio.get_running_loop().create_future()
         self._swaps.append((ref, future))
         self._notify()
@@ -180,7 +196,7 @@ class HFEngine:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            if self._swaps and self._batch is None:
+            if self._swaps and (self._batch is None or self.swap == "interrupt"):
                 await self._apply_swaps()
                 continue
             admitted = [] if self._swaps else self._admit()
@@ -204,6 +220,7 @@ class HFEngine:
                             logprobs=tuple(request.logprobs),
                             finish_reason=request.finish_reason,
                             policy_version=request.policy_version,
+                            token_versions=tuple(request.token_versions),
                         )
                     )
 
@@ -224,6 +241,14 @@ class HFEngine:
                 future.set_exception(error)
             else:
                 future.set_result(None)
+        if self._batch is not None:  # interrupt mode: the running rows continue with the new weights
+            try:
+                self._batch = await asyncio.to_thread(self._recompute, self._batch)
+            except Exception as error:  # fault boundary, as in _run: fail these callers, keep serving
+                for request in self._batch.requests:
+                    if not request.future.done():
+                        request.future.set_exception(error)
+                self._batch = None
 
     # ------------------------------------------------------------------ model work (worker thread)
 
@@ -276,12 +301,37 @@ class HFEngine:
         self._stats["prefill_tokens"] += input_ids.numel()
         return RunningBatch(group, cache, torch.ones_like(input_ids), self._append(group, out.logits[:, -1]))
 
+    @torch.inference_mode()
+    def _recompute(self, batch: RunningBatch) -> RunningBatch | None:
+        """Rebuild the running rows' KV cache with the current weights (after an interrupting swap).
+
+        A row's cache holds its prompt and every sampled token but the last, which ``next_ids`` feeds to
+        the next decode step; rows are regrouped by that length and prefilled without padding.
+        """
+        by_length: dict[int, list[RequestState]] = {}
+        for request in batch.requests:
+            if request.finish_reason is None and not request.future.done():
+                request.policy_version = min(request.policy_version, self.version)
+                by_length.setdefault(len(request.prompt_ids) + len(request.token_ids) - 1, []).append(request)
+        parts = []
+        for group in by_length.values():
+            input_ids = torch.tensor([r.prompt_ids + r.token_ids[:-1] for r in group])  # [b, L]
+            cache = DynamicCache(config=self._model.config)
+            self._model(input_ids=input_ids.to(self.device), attention_mask=torch.ones_like(input_ids).to(self.device),
+                        past_key_values=cache, use_cache=True, logits_to_keep=1)
+            parts.append(RunningBatch(group, cache, torch.ones_like(input_ids),
+                                      torch.tensor([r.token_ids[-1] for r in group])))
+            self._stats["interrupted_rows"] += len(group)
+            self._stats["recomputed_tokens"] += input_ids.numel()
+        return merge_batches(parts) if parts else None
+
     def _append(self, requests: list[RequestState], logits: torch.Tensor) -> torch.Tensor:
         """Sample one token per row from logits [B, V], record it, mark finished rows; returns ids [B]."""
         tokens, logprobs = sample_next(logits.cpu(), requests)
         for request, token, logprob in zip(requests, tokens, logprobs):
             request.token_ids.append(token)
             request.logprobs.append(logprob)
+            request.token_versions.append(self.version)
             if token in request.stop_ids:
                 request.finish_reason = "stop"
             elif len(request.token_ids) >= request.sampling.max_new_tokens or (
@@ -292,7 +342,7 @@ class HFEngine:
         return torch.tensor(tokens)
 
     def _set_adapter(self, ref: AdapterRef) -> None:
-        """Point the model at ``ref``'s adapter; called only while no request is in flight."""
+        """Point the model at ``ref``'s adapter; called between steps (no forward pass is running)."""
         from peft import PeftModel
 
         if ref.version == 0:

@@ -58,7 +58,13 @@ def test_args_from_config_hf():
     assert (args.engine, args.parser, args.max_model_len) == ("hf", "hermes", 128)
     assert (args.min_replicas, args.max_replicas, args.num_cpus, args.target_ongoing_requests) == (2, 4, 0.5, 8.0)
     assert args.api_key_env == "MY_KEY"
-    assert args.engine_kwargs == {"max_batch_size": 12}
+    assert args.engine_kwargs == {"max_batch_size": 12, "swap": "interrupt"}  # streaming: partial rollouts
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("overrides", [["stream.enabled=false"], ["stream.partial_rollout=false"]])
+def test_args_from_config_hf_drains_on_swap_without_partial_rollouts(overrides):
+    assert args_from_config(_config(*overrides)).engine_kwargs["swap"] == "drain"
 
 
 @pytest.mark.unit

@@ -63,3 +63,32 @@ def test_generates_run_together_without_a_swap():
         return peak
 
     assert asyncio.run(scenario()) == 4
+
+
+@pytest.mark.integration
+def test_interrupting_engine_swaps_without_waiting_for_running_generates(tiny_model_dir, adapter_paths):
+    from agents.records import AdapterRef, GenerateRequest, SamplingParams
+    from deployments.engines.hf_engine import HFEngine
+    from deployments.rollout_server import RolloutServer
+
+    long_run = SamplingParams(temperature=0.0, max_new_tokens=200)
+
+    async def scenario():
+        engine = HFEngine(str(tiny_model_dir), max_model_len=256, eos_token_ids=(), swap="interrupt")
+        server = RolloutServer(engine, replica_id="r0")
+        try:
+            running = asyncio.create_task(server.generate(GenerateRequest(prompt_ids=(5, 6, 7), sampling=long_run)))
+            while engine.stats["generated_tokens"] < 5:
+                await asyncio.sleep(0.001)
+            swap = asyncio.create_task(server.load_adapter(AdapterRef(version=1, path=str(adapter_paths[1]))))
+            done, _ = await asyncio.wait({running, swap}, return_when=asyncio.FIRST_COMPLETED)
+            order = ["swap" if swap in done else "generate"]
+            after = await server.generate(GenerateRequest(prompt_ids=(5, 6, 7), sampling=SamplingParams(max_new_tokens=4)))
+            return order, await running, after
+        finally:
+            await engine.close()
+
+    order, partial, after = asyncio.run(scenario())
+    assert order == ["swap"]  # the swap did not wait for the 200-token generate
+    assert len(partial.token_ids) == 200 and partial.policy_version == 0  # oldest adapter that sampled a token
+    assert after.policy_version == 1

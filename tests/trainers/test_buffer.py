@@ -75,6 +75,26 @@ def test_accounting_adds_up():
     run(body())
 
 
+def test_abandoned_in_flight_group_is_counted_once_and_frees_its_slot():
+    async def body():
+        buf = TrajectoryBuffer(batch_groups=1, max_staleness=1, capacity_groups=10)
+        assert await buf.admit(5) == 2  # groups "slow" and "quick", both started at version 0
+        await buf.put_group(group("quick", 0))
+        await buf.next_batch(1)
+        await buf.set_version(2)
+        assert await buf.staleness_window() == (2, 1)  # version 0 can no longer be trained
+        assert await buf.abandon("slow") is True
+        assert await buf.abandon("slow") is False  # counted once
+        assert await buf.abandon("quick") is False  # it arrived: not in flight
+        await buf.put_group(group("slow", 0))  # a late arrival of the abandoned group is ignored
+        stats = await buf.stats()
+        assert (stats["groups/dropped_stale"], stats["groups/aborted_in_flight"], stats["buffer/depth"]) == (1, 1, 0)
+        assert stats["buffer/in_flight"] == 0 and stats["groups/left_over"] == 0
+        # limit (2 + 1 + 1) × 1 − used (2 admitted − 1 dropped) = 3
+        assert await buf.admit(10) == 3
+    run(body())
+
+
 def test_sync_mode_waits_for_whole_batch_and_version():
     async def body():
         buf = TrajectoryBuffer(batch_groups=2, max_staleness=3, streaming=False)

@@ -228,6 +228,36 @@ def test_adapter_swap_drains_in_flight_requests(tiny_model_dir: Path, adapter_di
     assert old.token_ids != new.token_ids
 
 
+def test_interrupting_swap_continues_running_requests_with_the_new_adapter(tiny_model_dir: Path, adapter_dirs) -> None:
+    long_run = SamplingParams(temperature=0.0, max_new_tokens=40)
+    v1 = AdapterRef(version=1, path=str(adapter_dirs[1]))
+
+    async def body(engine: HFEngine):
+        base_only = await engine.generate(PROMPTS[0], long_run, "base-only")
+        in_flight = asyncio.create_task(engine.generate(PROMPTS[0], long_run, "partial"))
+        while engine.stats["generated_tokens"] < 40 + 5:  # the request is part-way through
+            await asyncio.sleep(0.001)
+        await engine.load_adapter(v1)  # returns between two decode steps, not after the request
+        return base_only, await in_flight
+
+    base_only, partial = run(_with_engine(tiny_model_dir, body, eos_token_ids=(), swap="interrupt"))
+    k = partial.token_versions.index(1)  # first token the new adapter sampled
+    assert 5 <= k < 40 and set(partial.token_versions[k:]) == {1}
+    assert partial.policy_version == 0  # the oldest version that sampled any token
+    assert (partial.token_ids[:k], partial.logprobs[:k]) == (base_only.token_ids[:k], base_only.logprobs[:k])
+
+    async def continuation(engine: HFEngine):
+        await engine.load_adapter(v1)
+        return await engine.generate(list(PROMPTS[0]) + list(partial.token_ids[:k]),
+                                     SamplingParams(temperature=0.0, max_new_tokens=40 - k), "v1-from-prefix")
+
+    # after the swap the request is exactly what adapter v1 generates from the tokens produced so far
+    expected = run(_with_engine(tiny_model_dir, continuation, eos_token_ids=()))
+    assert partial.token_ids[k:] == expected.token_ids
+    assert partial.logprobs[k:] == pytest.approx(expected.logprobs, abs=1e-4)
+    assert partial.token_ids != base_only.token_ids
+
+
 def test_bad_adapter_path_fails_the_load_and_keeps_serving(tiny_model_dir: Path, tmp_path: Path) -> None:
     async def body(engine: HFEngine):
         with pytest.raises(FileNotFoundError, match="adapter version 3"):
