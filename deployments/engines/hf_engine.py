@@ -234,14 +234,18 @@ class HFEngine:
 
     async def _apply_swaps(self) -> None:
         swaps, self._swaps = self._swaps, []
+        changed = False
         for ref, future in swaps:
             try:
                 await asyncio.to_thread(self._set_adapter, ref)
             except Exception as error:  # the caller learns why; the engine keeps its previous adapter
-                future.set_exception(error)
+                if not future.done():
+                    future.set_exception(error)
             else:
-                future.set_result(None)
-        if self._batch is not None:  # interrupt mode: the running rows continue with the new weights
+                changed = True
+                if not future.done():
+                    future.set_result(None)
+        if changed and self._batch is not None:  # interrupt mode: the running rows go on with the new weights
             try:
                 self._batch = await asyncio.to_thread(self._recompute, self._batch)
             except Exception as error:  # fault boundary, as in _run: fail these callers, keep serving
