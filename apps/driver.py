@@ -7,6 +7,7 @@ adapter to the rollout replicas and the buffer, and the end-of-run summary.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -35,29 +36,60 @@ def connect_ray(cfg: TandemConfig) -> None:
              runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
 
 
-def with_absolute_paths(cfg: TandemConfig) -> TandemConfig:
+# Why a relative path can be missing under ``ray job submit``: said in the error, where it is needed.
+JOB_ROOT_HINT = ("`ray job submit --working-dir .` runs the job in an uploaded copy of the repo without its "
+                 "git-ignored folders (.cache/, runs/): pass --root with the directory that has them")
+
+
+def with_absolute_paths(cfg: TandemConfig, root: Path | None = None) -> TandemConfig:
     """Ray workers run in other working directories: make every local path in the config absolute.
 
-    Model paths become local folders (a hub id is fetched once here, on the driver).
+    Relative paths resolve against ``root``, by default the working directory; an input that ``root``
+    lacks but the working directory has (a tool config shipped in the repo) is taken from there. Model
+    paths become local folders (a hub id is fetched once here, on the driver).
     """
     from apps.model_paths import resolve_model_path
 
-    model = cfg.actor_rollout_ref.model
+    hint = f"; {JOB_ROOT_HINT}" if root is None else ""
+    root = (root or Path.cwd()).resolve()
+
+    def local(path: str) -> Path:  # outputs, and inputs found under root
+        return (root / Path(path).expanduser()).resolve()  # an absolute path stays itself
+
+    def source(path: str) -> Path:
+        here = Path.cwd() / Path(path).expanduser()
+        return here.resolve() if not local(path).exists() and here.exists() else local(path)
+
+    def model_folder(key: str, path: str) -> str:
+        folder = source(path)
+        try:  # no such folder: a hub id
+            return resolve_model_path(folder if folder.exists() else path)
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"{key}: {exc} (relative paths resolve against {root}{hint})") from None
+
+    def files(value: str | list[str]) -> str:
+        return str(source(value)) if isinstance(value, str) else json.dumps([str(source(v)) for v in value])
+
+    model, data = cfg.actor_rollout_ref.model, cfg.data
     updates = [
-        f"actor_rollout_ref.model.path={resolve_model_path(model.path)}",
-        f"trainer.default_local_dir={Path(cfg.trainer.run_dir).resolve()}",
-        f"sft.output_dir={Path(cfg.sft.output_dir).resolve()}",
+        f"actor_rollout_ref.model.path={model_folder('actor_rollout_ref.model.path', model.path)}",
+        f"data.train_files={files(data.train_files)}",
+        f"trainer.default_local_dir={local(cfg.trainer.run_dir)}",
+        f"sft.output_dir={local(cfg.sft.output_dir)}",
     ]
+    if data.val_files is not None:
+        updates.append(f"data.val_files={files(data.val_files)}")
     uri = cfg.tracking.mlflow_tracking_uri
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        updates.append(f"tracking.mlflow_tracking_uri=sqlite:///{Path(uri[len('sqlite:///'):]).resolve()}")
+        updates.append(f"tracking.mlflow_tracking_uri=sqlite:///{local(uri[len('sqlite:///'):])}")
     if model.tokenizer_path:
-        updates.append(f"actor_rollout_ref.model.tokenizer_path={resolve_model_path(model.tokenizer_path)}")
+        updates.append("actor_rollout_ref.model.tokenizer_path="
+                       + model_folder("actor_rollout_ref.model.tokenizer_path", model.tokenizer_path))
     for key, value in (("actor_rollout_ref.rollout.multi_turn.tool_config_path",
                         cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path),
                        ("tools.config_path", cfg.tools.config_path)):
         if value:
-            updates.append(f"{key}={Path(value).resolve()}")
+            updates.append(f"{key}={source(value)}")
     from configs import ConfigWarning, load_config
 
     with warnings.catch_warnings():  # already shown when the config was first loaded
@@ -101,12 +133,17 @@ class AdapterBridge:
     ``publish`` returns once all live replicas sample with the new version, so admission (which
     moves with the buffer's version) never starts a group on an adapter that is not loaded yet.
     Rank 0 also sends each step's metrics here (``record_metrics``) for the driver to log.
+    Replicas that autoscaling adds between publishes load the newest adapter on their own; the
+    app's registry hears from them, and ``take_metrics`` reports each one once (``joined: True``).
     """
 
     def __init__(self, app_name: str, buffer: Any, wait_s: float = 300.0):
         from apps.rollout import publish_adapter
+        from deployments.adapter_registry import get_adapter_registry
 
         self._publish = publish_adapter
+        self._registry = get_adapter_registry(app_name)
+        self._reported: set[str] = set()  # replicas a reported switch already named
         self.app_name = app_name
         self.buffer = buffer
         self.wait_s = wait_s
@@ -121,7 +158,8 @@ class AdapterBridge:
         elapsed = time.perf_counter() - started
         for replica, version in sorted(loaded.items()):
             log.info("replica %s switched to policy version %d (%.2fs after publish)", replica, version, elapsed)
-        self.switches.append({"version": ref.version, "replicas": loaded, "sync_s": elapsed})
+        self._reported.update(loaded)
+        self.switches.append({"version": ref.version, "replicas": loaded, "sync_s": elapsed, "joined": False})
         self._pending_switches.append(self.switches[-1])
         self.latest = ref
         ray.get(self.buffer.set_version.remote(ref.version))
@@ -131,10 +169,21 @@ class AdapterBridge:
         self._metrics.append(dict(metrics))
 
     def take_metrics(self) -> tuple[list[dict[str, float]], list[dict[str, Any]]]:
-        """Learner metrics and replica version switches since the last call."""
+        """Learner metrics and replica version switches (publishes, replicas that joined) since the last call."""
+        joined = self._joined_replicas()
+        if joined:
+            self.switches.append({"version": max(joined.values()), "replicas": joined, "sync_s": None, "joined": True})
+            self._pending_switches.append(self.switches[-1])
         out, self._metrics = self._metrics, []
         switches, self._pending_switches = self._pending_switches, []
         return out, switches
+
+    def _joined_replicas(self) -> dict[str, int]:
+        """``{replica_id: loaded version}`` of live replicas no reported switch has named yet."""
+        live = ray.get(self._registry.live_replicas.remote())
+        joined = {replica: version for replica, version in live.items() if replica not in self._reported}
+        self._reported.update(joined)
+        return joined
 
     def weight_sync(self) -> list[dict[str, Any]]:
         return list(self.switches)

@@ -21,13 +21,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ray import serve
 from ray.serve import Application
-from ray.serve.config import RequestRouterConfig
+from ray.serve.config import DEFAULT_METRICS_INTERVAL_S, RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
 from agents.parsers import ParserFormat
 from agents.records import AdapterRef
 from apps.model_paths import resolve_model_path
 from configs import TandemConfig
+from deployments.adapter_registry import drop_adapter_registry
 from deployments.adapter_registry import publish_adapter as _publish_adapter
 from deployments.openai_ingress import OpenAIIngress
 from deployments.rollout_server import EngineSpec, RolloutReplica
@@ -65,6 +66,10 @@ class RolloutAppArgs(BaseModel):
     """Autoscaling upscale delay."""
     downscale_delay_s: float = Field(default=60.0, ge=0)
     """Autoscaling downscale delay."""
+    metrics_interval_s: float = Field(default=DEFAULT_METRICS_INTERVAL_S, gt=0)
+    """How often handles and replicas report their queue lengths to the autoscaler (Serve's default)."""
+    look_back_period_s: float = Field(default=30.0, gt=0)
+    """Window the autoscaler averages queue lengths over; must exceed ``metrics_interval_s``."""
     num_cpus: float = Field(default=1.0, gt=0)
     """CPUs reserved per replica (fractional allowed)."""
     num_gpus: float = Field(default=0.0, ge=0)
@@ -78,6 +83,10 @@ class RolloutAppArgs(BaseModel):
     def _replica_bounds(self) -> RolloutAppArgs:
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"min_replicas={self.min_replicas} > max_replicas={self.max_replicas}")
+        if self.look_back_period_s <= self.metrics_interval_s:
+            raise ValueError(
+                f"look_back_period_s={self.look_back_period_s} must exceed metrics_interval_s={self.metrics_interval_s}"
+            )
         if "max_model_len" in self.engine_kwargs:
             raise ValueError("engine_kwargs.max_model_len: set the builder arg max_model_len instead")
         return self
@@ -89,6 +98,12 @@ def _local_model(path: str) -> str:
     if not candidate.is_absolute() and not candidate.exists() and (REPO_ROOT / candidate).exists():
         candidate = REPO_ROOT / candidate
     return resolve_model_path(candidate if candidate.exists() else path)
+
+
+def _metrics_interval(seconds: float) -> dict[str, float]:
+    # Serve marks the field deprecated (and warns) but its handles still push on this period in 2.60:
+    # pass it only when it differs from Serve's default.
+    return {} if seconds == DEFAULT_METRICS_INTERVAL_S else {"metrics_interval_s": seconds}
 
 
 def build_app(args: dict[str, Any] | RolloutAppArgs) -> Application:
@@ -108,6 +123,8 @@ def build_app(args: dict[str, Any] | RolloutAppArgs) -> Application:
             "target_ongoing_requests": spec_args.target_ongoing_requests,
             "upscale_delay_s": spec_args.upscale_delay_s,
             "downscale_delay_s": spec_args.downscale_delay_s,
+            "look_back_period_s": spec_args.look_back_period_s,
+            **_metrics_interval(spec_args.metrics_interval_s),
         },
         max_ongoing_requests=spec_args.max_ongoing_requests,
         ray_actor_options={"num_cpus": spec_args.num_cpus, "num_gpus": spec_args.num_gpus},
@@ -174,9 +191,15 @@ def args_from_config(cfg: TandemConfig) -> RolloutAppArgs:
 
 
 def deploy_rollout_app(cfg: TandemConfig, *, blocking: bool = False) -> DeploymentHandle:
-    """Deploy (or update) the rollout app on the connected Ray cluster; returns the ``RolloutServer`` handle."""
+    """Deploy (or update) the rollout app on the connected Ray cluster; returns the ``RolloutServer`` handle.
+
+    A new app starts at policy version 0: a registry left by an earlier app of that name (a run that
+    died before ``delete_rollout_app``) is dropped first.
+    """
     serve_cfg = cfg.serve
     serve.start(http_options={"host": serve_cfg.host, "port": serve_cfg.port})
+    if serve_cfg.app_name not in serve.status().applications:
+        drop_adapter_registry(serve_cfg.app_name)
     serve.run(
         build_app(args_from_config(cfg)),
         name=serve_cfg.app_name,
@@ -184,6 +207,12 @@ def deploy_rollout_app(cfg: TandemConfig, *, blocking: bool = False) -> Deployme
         blocking=blocking,
     )
     return rollout_handle(serve_cfg.app_name)
+
+
+def delete_rollout_app(app_name: str) -> None:
+    """Delete the app and its adapter registry (the next app of that name starts at policy version 0)."""
+    serve.delete(app_name)
+    drop_adapter_registry(app_name)
 
 
 def rollout_handle(app_name: str) -> DeploymentHandle:

@@ -22,7 +22,7 @@ from tqdm import tqdm
 from agents.tools.registry import load_tools
 from apps.coordinator import CoordinatorActor
 from apps.driver import AdapterBridgeActor, connect_ray, load_training_rows, summary_table, with_absolute_paths
-from apps.rollout import deploy_rollout_app, rollout_handle
+from apps.rollout import delete_rollout_app, deploy_rollout_app, rollout_handle
 from apps.tracking import RunTracker
 from configs import TandemConfig, load_config
 from deployments.agent_workers import AgentWorker, AgentWorkerSpec
@@ -35,14 +35,18 @@ log = logging.getLogger("tandem_rl.train")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/demo_cpu.yaml", help="experiment YAML")
+    parser.add_argument("--root", type=Path, help="directory the config's relative paths (model, data, outputs, "
+                        "mlflow store) resolve against; default: the working directory. Under `ray job submit "
+                        "--working-dir .` that is an uploaded copy of the repo without .cache/: pass --root $PWD")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value overrides, as on verl's command line")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return run(load_config(args.config, args.overrides))
+    # force: an import has already given the root logger a WARNING-level handler, which would hide ours.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True)
+    return run(load_config(args.config, args.overrides), root=args.root)
 
 
-def run(cfg: TandemConfig) -> int:
-    cfg = with_absolute_paths(cfg)
+def run(cfg: TandemConfig, root: Path | None = None) -> int:
+    cfg = with_absolute_paths(cfg, root)
     run_dir = Path(cfg.trainer.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     connect_ray(cfg)
@@ -99,7 +103,7 @@ def run(cfg: TandemConfig) -> int:
         accounting = {k: v for k, v in ray.get(buffer.stats.remote()).items() if k.startswith("groups/")}
         plot = tracker.finish()
         if not attached:
-            serve.delete(cfg.serve.app_name)
+            delete_rollout_app(cfg.serve.app_name)
     paths = {"run dir": run_dir, "metrics": tracker.metrics_path, "reward curve": plot,
              "final adapter": _final_adapter(run_dir), "mlflow": cfg.tracking.mlflow_tracking_uri}
     summary_table(tracker.history, paths, accounting)
@@ -114,8 +118,9 @@ def _follow_steps(fit, bridge, buffer, coordinator, tracker: RunTracker, total_s
             pending, switches = ray.get(bridge.take_metrics.remote())
             for switch in switches:
                 for replica, version in sorted(switch["replicas"].items()):
-                    log.info("weight sync: replica %s now samples policy version %d (%.2fs after publish)",
-                             replica, version, switch["sync_s"])
+                    # "joined": a replica autoscaling started (or one up before the run) loaded the newest adapter.
+                    how = "joined" if switch["joined"] else f"{switch['sync_s']:.2f}s after publish"
+                    log.info("weight sync: replica %s now samples policy version %d (%s)", replica, version, how)
             for learner in pending:
                 step = int(learner["step"])
                 rollout = ray.get(buffer.pop_step_metrics.remote(step))

@@ -8,7 +8,8 @@ rollouts silently keep sampling the old policy (verl #7495) shows up as a ``Time
 lagging replicas, not as quietly stale data.
 
 Liveness is by heartbeat: a replica that has not called in for ``liveness_s`` is presumed gone (killed,
-downscaled) and is not waited for.
+downscaled) and is not waited for. The registry outlives its creator (detached); whoever deletes the
+app drops it too (``drop_adapter_registry``).
 """
 
 from __future__ import annotations
@@ -113,3 +114,26 @@ def get_adapter_registry(app_name: str) -> ActorHandle:
 def publish_adapter(app_name: str, ref: AdapterRef, wait_s: float = 120.0) -> dict[str, int]:
     """Blocking publish from a driver or trainer process: returns once every live replica loaded ``ref``."""
     return ray.get(get_adapter_registry(app_name).publish.remote(ref, wait_s))
+
+
+def drop_adapter_registry(app_name: str, timeout_s: float = 30.0) -> bool:
+    """Kill the app's registry once the app is gone, so a later app of that name starts at policy version 0.
+
+    The registry is detached: without this, the next training run on a long-lived cluster (``ray start``
+    + ``ray job submit``) would start its replicas on the previous run's adapter and have its first
+    publish rejected as not newer. Returns whether there was one.
+    """
+    name = registry_name(app_name)
+    try:
+        ray.kill(ray.get_actor(name, namespace=REGISTRY_NAMESPACE), no_restart=True)
+    except ValueError:  # no registry by that name
+        return False
+    deadline = time.monotonic() + timeout_s
+    while True:  # the name is released asynchronously; get_if_exists must not find the dying actor
+        try:
+            ray.get_actor(name, namespace=REGISTRY_NAMESPACE)
+        except ValueError:
+            return True
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"adapter registry {name!r} still registered {timeout_s}s after it was killed")
+        time.sleep(0.1)

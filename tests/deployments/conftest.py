@@ -8,23 +8,18 @@ tests that change it (adapter publishes, a killed replica) leave it serving.
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from tests.ray_head import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 APP_NAME = "tandem-test"
 API_KEY_ENV = "TANDEM_TEST_API_KEY"
 API_KEY = "test-token-3f9a"
 MAX_MODEL_LEN = 512
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass(frozen=True)

@@ -1,44 +1,28 @@
 """``serve deploy serve_config.yaml`` on a cluster from ``ray start --head``, called with the openai client.
 
-The cluster is this test's own (its own ports and temp dir, next to the session's ``ray.init`` cluster). It
-is stopped by terminating the ``ray start --block`` process this test started, not with ``ray stop``, which
-would stop every Ray cluster on the machine.
+The cluster is this test's own (``tests.ray_head``: its own ports and temp dir, next to the session's
+``ray.init`` cluster, never stopped with ``ray stop``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 import yaml
 
 from tests.deployments.conftest import ROOT, free_port
 from tests.deployments.tool_call_adapter import MESSAGES, TOOLS, build_tool_call_adapter
+from tests.ray_head import BIN, ray_head, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-BIN = Path(sys.executable).parent
 APP = "tandem-rollout"
-
-
-def _wait_for(check, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"{what} not reached within {timeout_s} s"
-        time.sleep(2)
 
 
 def _app_healthy(dashboard: str, env: dict[str, str]) -> bool:
@@ -65,32 +49,19 @@ def _model_and_adapter(tmp_path: Path) -> Path:
 
 def test_serve_deploy_config_becomes_healthy_and_serves_tool_calls(tmp_path):
     adapter = _model_and_adapter(tmp_path)
-    gcs, dash, http = free_port(), free_port(), free_port()
+    http = free_port()
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     config["http_options"]["port"] = http  # the file's own port may be taken on a shared machine
     config_path = tmp_path / "serve_config.yaml"
     config_path.write_text(yaml.safe_dump(config))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(RAY_AUTH_MODE="disabled", PYTHONPATH=str(ROOT))
-    temp_dir = tempfile.mkdtemp(prefix="rs")  # short: Ray's unix socket paths live under it
-    ports = {"--port": gcs, "--dashboard-port": dash, "--ray-client-server-port": free_port(),
-             "--dashboard-agent-listen-port": free_port(), "--dashboard-agent-grpc-port": free_port(),
-             "--metrics-export-port": free_port(), "--runtime-env-agent-port": free_port()}
-    head = subprocess.Popen(
-        [BIN / "ray", "start", "--head", "--block", "--num-cpus=2", "--include-dashboard=true",
-         "--dashboard-host=127.0.0.1", "--node-ip-address=127.0.0.1", "--disable-usage-stats",
-         f"--temp-dir={temp_dir}", *(f"{flag}={port}" for flag, port in ports.items())],
-        cwd=ROOT, env=env, stdout=open(tmp_path / "ray_start.log", "w"), stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    dashboard = f"http://127.0.0.1:{dash}"
-    try:
-        _wait_for(lambda: _dashboard_up(dashboard), 180, "Ray dashboard up")
-        subprocess.run([BIN / "serve", "deploy", str(config_path), "-a", dashboard], env=env, check=True, cwd=ROOT)
-        _wait_for(lambda: _app_healthy(dashboard, env), 300, f"app {APP} HEALTHY")
+    with ray_head(tmp_path / "ray_start.log", num_cpus=2, env=env, cwd=ROOT) as head:
+        subprocess.run([BIN / "serve", "deploy", str(config_path), "-a", head.dashboard], env=env, check=True, cwd=ROOT)
+        wait_for(lambda: _app_healthy(head.dashboard, env), 300, f"app {APP} HEALTHY")
         publish = (
             "import ray; from agents.records import AdapterRef; from apps.rollout import publish_adapter; "
-            f"ray.init(address='127.0.0.1:{gcs}'); "
+            f"ray.init(address={head.gcs_address!r}); "
             f"print(publish_adapter({APP!r}, AdapterRef(1, {str(adapter)!r}), wait_s=120))"
         )
         subprocess.run([sys.executable, "-c", publish], env=env, check=True, cwd=ROOT)
@@ -104,25 +75,4 @@ def test_serve_deploy_config_becomes_healthy_and_serves_tool_calls(tmp_path):
         [call] = choice.message.tool_calls
         assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
         assert response.system_fingerprint == "policy-v1"
-        subprocess.run([BIN / "serve", "shutdown", "-y", "-a", dashboard], env=env, check=True)
-    finally:
-        _stop(head)
-        shutil.rmtree(temp_dir, ignore_errors=True)
-
-
-def _dashboard_up(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/api/version", timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def _stop(head: subprocess.Popen) -> None:
-    """SIGTERM to the ``ray start --block`` process group this test started; it shuts its cluster down."""
-    if head.poll() is None:
-        os.killpg(head.pid, signal.SIGTERM)
-        try:
-            head.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait(timeout=30)
+        subprocess.run([BIN / "serve", "shutdown", "-y", "-a", head.dashboard], env=env, check=True)

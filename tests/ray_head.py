@@ -1,0 +1,91 @@
+"""A private ``ray start --head --block`` cluster for tests of the Ray CLIs (``serve deploy``, ``ray job submit``).
+
+Its own temp dir and free ports let it run next to the session's ``ray.init`` cluster. It is stopped by
+terminating the process group of the ``ray start --block`` process, never with ``ray stop``, which stops
+every Ray cluster on the machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import httpx
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class RayHead:
+    gcs_address: str  # 127.0.0.1:<port>, for ray.init
+    dashboard: str  # http://127.0.0.1:<port>, for `ray job` / `serve` CLIs
+    env: dict[str, str]  # what the CLIs need: this venv first on PATH, auth settings
+
+
+def wait_for(check: Callable[[], object], timeout_s: float, what: str) -> object:
+    deadline = time.monotonic() + timeout_s
+    while not (result := check()):
+        assert time.monotonic() < deadline, f"{what} not reached within {timeout_s} s"
+        time.sleep(2)
+    return result
+
+
+def _dashboard_up(url: str, token: str | None) -> bool:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        return httpx.get(f"{url}/api/version", headers=headers, timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@contextlib.contextmanager
+def ray_head(log_path: Path, num_cpus: int, env: dict[str, str], cwd: Path) -> Iterator[RayHead]:
+    """Start the head with ``env`` (its processes, and the jobs they run, inherit it); stop it on exit."""
+    gcs, dash = free_port(), free_port()
+    temp_dir = tempfile.mkdtemp(prefix="rh")  # short: Ray's unix socket paths live under it
+    ports = {"--port": gcs, "--dashboard-port": dash, "--ray-client-server-port": free_port(),
+             "--dashboard-agent-listen-port": free_port(), "--dashboard-agent-grpc-port": free_port(),
+             "--metrics-export-port": free_port(), "--runtime-env-agent-port": free_port()}
+    with open(log_path, "w") as log:
+        head = subprocess.Popen(
+            [BIN / "ray", "start", "--head", "--block", f"--num-cpus={num_cpus}", "--include-dashboard=true",
+             "--dashboard-host=127.0.0.1", "--node-ip-address=127.0.0.1", "--disable-usage-stats",
+             f"--temp-dir={temp_dir}", *(f"{flag}={port}" for flag, port in ports.items())],
+            cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    dashboard = f"http://127.0.0.1:{dash}"
+    try:
+        token = env.get("RAY_AUTH_TOKEN") if env.get("RAY_AUTH_MODE") == "token" else None
+        wait_for(lambda: _dashboard_up(dashboard, token) or head.poll() is not None, 180, "Ray dashboard up")
+        assert head.poll() is None, f"ray start exited with {head.returncode}:\n{log_path.read_text()[-3000:]}"
+        yield RayHead(f"127.0.0.1:{gcs}", dashboard, env)
+    finally:
+        _stop(head)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _stop(head: subprocess.Popen) -> None:
+    """SIGTERM to the ``ray start --block`` process group; it shuts its cluster down (SIGKILL after 60 s)."""
+    if head.poll() is None:
+        os.killpg(head.pid, signal.SIGTERM)
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait(timeout=30)
