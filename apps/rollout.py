@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+import ray
 from ray import serve
 from ray.serve import Application
 from ray.serve.config import DEFAULT_METRICS_INTERVAL_S, RequestRouterConfig
@@ -28,7 +29,7 @@ from agents.parsers import ParserFormat
 from agents.records import AdapterRef
 from apps.model_paths import resolve_model_path
 from configs import TandemConfig
-from deployments.adapter_registry import drop_adapter_registry
+from deployments.adapter_registry import drop_adapter_registry, get_adapter_registry
 from deployments.adapter_registry import publish_adapter as _publish_adapter
 from deployments.openai_ingress import OpenAIIngress
 from deployments.rollout_server import EngineSpec, RolloutReplica
@@ -213,6 +214,16 @@ def delete_rollout_app(app_name: str) -> None:
     """Delete the app and its adapter registry (the next app of that name starts at policy version 0)."""
     serve.delete(app_name)
     drop_adapter_registry(app_name)
+
+
+def attach_rollout_app(app_name: str, wait_s: float = 120.0) -> DeploymentHandle:
+    """The handle of an app deployed beforehand (``serve deploy``), its replicas back on the base model.
+
+    Such an app outlives training runs: each run starts at policy version 0 (``AdapterRegistry.reset``),
+    so its first publish (version 1) is newer than what the previous run left. One run at a time.
+    """
+    ray.get(get_adapter_registry(app_name).reset.remote(wait_s))
+    return rollout_handle(app_name)
 
 
 def rollout_handle(app_name: str) -> DeploymentHandle:

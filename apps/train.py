@@ -22,7 +22,7 @@ from tqdm import tqdm
 from agents.tools.registry import load_tools
 from apps.coordinator import CoordinatorActor
 from apps.driver import AdapterBridgeActor, connect_ray, load_training_rows, summary_table, with_absolute_paths
-from apps.rollout import delete_rollout_app, deploy_rollout_app, rollout_handle
+from apps.rollout import attach_rollout_app, delete_rollout_app, deploy_rollout_app
 from apps.tracking import RunTracker
 from configs import TandemConfig, load_config
 from deployments.agent_workers import AgentWorker, AgentWorkerSpec
@@ -65,7 +65,7 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
 
     # 2. Rollout engines: attach to an app deployed with `serve deploy`, or deploy it now.
     attached = cfg.serve.app_name in _deployed_apps()
-    rollout = rollout_handle(cfg.serve.app_name) if attached else deploy_rollout_app(cfg)
+    rollout = attach_rollout_app(cfg.serve.app_name) if attached else deploy_rollout_app(cfg)
     log.info("%s rollout app %r", "attached to" if attached else "deployed", cfg.serve.app_name)
 
     # 3. Buffer (bounded, staleness-aware), the adapter bridge, agent workers, the coordinator.

@@ -7,6 +7,10 @@ has acknowledged the new version, so "published" means "sampled with from now on
 rollouts silently keep sampling the old policy (verl #7495) shows up as a ``TimeoutError`` naming the
 lagging replicas, not as quietly stale data.
 
+A new training run on an app that outlives runs (deployed with ``serve deploy``) starts with
+``reset``: every replica goes back to the base model and versions count from 1 again. Replicas follow
+the registry's ref exactly (version and path), so they also follow it back.
+
 Liveness is by heartbeat: a replica that has not called in for ``liveness_s`` is presumed gone (killed,
 downscaled) and is not waited for. The registry outlives its creator (detached); whoever deletes the
 app drops it too (``drop_adapter_registry``).
@@ -37,7 +41,7 @@ class AdapterRegistry:
         self._latest = AdapterRef(version=0)
         self._changed = asyncio.Event()
         self._liveness_s = liveness_s
-        self._loaded: dict[str, int] = {}
+        self._loaded: dict[str, tuple[int, str]] = {}  # replica -> (version, path) it samples with
         self._last_seen: dict[str, float] = {}
 
     def latest(self) -> AdapterRef:
@@ -51,17 +55,34 @@ class AdapterRegistry:
                 f"version {self._latest.version} ({self._latest.path!r})"
             )
         if ref != self._latest:
-            self._latest = ref
-            # Wake every waiter, then give later waiters a fresh event.
-            self._changed.set()
-            self._changed = asyncio.Event()
+            self._set_latest(ref)
         return await self.wait_loaded(ref.version, wait_s)
 
-    async def wait_newer(self, replica_id: str, version: int, timeout_s: float) -> AdapterRef | None:
-        """Long poll: the newest ref once it is newer than ``version``; None after ``timeout_s``."""
-        self.heartbeat(replica_id, version)
+    async def reset(self, wait_s: float = 120.0) -> dict[str, int]:
+        """Back to the base model (version 0) for a new training run; returns once every live replica is."""
+        self._set_latest(AdapterRef(version=0))
+        deadline = time.monotonic() + wait_s
+        while True:
+            live = self.live_replicas()
+            lagging = sorted(r for r in live if self._loaded[r] != (0, ""))
+            if not lagging:
+                return live
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"replica(s) {lagging} still sample with an adapter {wait_s}s after a reset")
+            await asyncio.sleep(0.05)
+
+    def _set_latest(self, ref: AdapterRef) -> None:
+        self._latest = ref
+        # Wake every waiter, then give later waiters a fresh event.
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait_newer(self, replica_id: str, version: int, timeout_s: float, path: str = "") -> AdapterRef | None:
+        """Long poll: the newest ref once it differs from the replica's ``(version, path)``; None after
+        ``timeout_s``. (It differs by being newer, or by a ``reset`` to the base model.)"""
+        self.heartbeat(replica_id, version, path)
         deadline = time.monotonic() + timeout_s
-        while self._latest.version <= version:
+        while (self._latest.version, self._latest.path) == (version, path):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
@@ -71,10 +92,10 @@ class AdapterRegistry:
                 return None
         return self._latest
 
-    def heartbeat(self, replica_id: str, loaded_version: int) -> None:
-        """A replica is alive and samples with ``loaded_version``."""
+    def heartbeat(self, replica_id: str, loaded_version: int, loaded_path: str = "") -> None:
+        """A replica is alive and samples with ``loaded_version`` (the adapter at ``loaded_path``)."""
         self._last_seen[replica_id] = time.monotonic()
-        self._loaded[replica_id] = loaded_version
+        self._loaded[replica_id] = (loaded_version, loaded_path)
 
     def forget(self, replica_id: str) -> None:
         """A replica shut down cleanly; stop waiting for it."""
@@ -84,7 +105,7 @@ class AdapterRegistry:
     def live_replicas(self) -> dict[str, int]:
         """``{replica_id: loaded version}`` of the replicas heard from within ``liveness_s``."""
         now = time.monotonic()
-        return {r: self._loaded[r] for r, seen in self._last_seen.items() if now - seen < self._liveness_s}
+        return {r: self._loaded[r][0] for r, seen in self._last_seen.items() if now - seen < self._liveness_s}
 
     async def wait_loaded(self, version: int, timeout_s: float) -> dict[str, int]:
         deadline = time.monotonic() + timeout_s

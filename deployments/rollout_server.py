@@ -114,6 +114,7 @@ class RolloutServer:
         self.replica_id = replica_id
         self.actor_name = ""  # the Ray actor's name when running as a Serve replica
         self.policy_version = 0
+        self.adapter_path = ""  # of the adapter sampling now ("" = base model)
         self._gate = _VersionGate()
         self._swaps_while_generating = bool(getattr(engine, "swaps_while_generating", False))
         self._swap_lock = asyncio.Lock()
@@ -148,7 +149,7 @@ class RolloutServer:
         between steps itself); returns the version."""
         async with self._swap_lock if self._swaps_while_generating else self._gate.swapping():
             await self.engine.load_adapter(ref)
-            self.policy_version = ref.version
+            self.policy_version, self.adapter_path = ref.version, ref.path if ref.version else ""
         self.metrics.set_adapter_version(ref.version)
         logger.info("replica %s now samples with policy version %d (%s)", self.replica_id, ref.version, ref.path)
         return self.policy_version
@@ -179,7 +180,7 @@ class RolloutServer:
         ref = await registry.latest.remote()
         if ref.version != self.policy_version:
             await self.load_adapter(ref)
-        await registry.heartbeat.remote(self.replica_id, self.policy_version)
+        await registry.heartbeat.remote(self.replica_id, self.policy_version, self.adapter_path)
         self._background = [
             asyncio.create_task(self._follow_loop(registry, poll_s)),
             asyncio.create_task(self._heartbeat_loop(registry, heartbeat_s)),
@@ -195,10 +196,10 @@ class RolloutServer:
     async def _follow_loop(self, registry: ActorHandle, poll_s: float) -> None:
         while True:
             try:
-                ref = await registry.wait_newer.remote(self.replica_id, self.policy_version, poll_s)
+                ref = await registry.wait_newer.remote(self.replica_id, self.policy_version, poll_s, self.adapter_path)
                 if ref is not None:
                     await self.load_adapter(ref)
-                    await registry.heartbeat.remote(self.replica_id, self.policy_version)
+                    await registry.heartbeat.remote(self.replica_id, self.policy_version, self.adapter_path)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -209,7 +210,7 @@ class RolloutServer:
     async def _heartbeat_loop(self, registry: ActorHandle, period_s: float) -> None:
         while True:
             with contextlib.suppress(Exception):  # a missed heartbeat is retried next period
-                await registry.heartbeat.remote(self.replica_id, self.policy_version)
+                await registry.heartbeat.remote(self.replica_id, self.policy_version, self.adapter_path)
             await asyncio.sleep(period_s)
 
     def _set_in_flight(self, count: int) -> None:
