@@ -57,7 +57,7 @@ def lengths_for(group: int, n: int) -> list[int]:
 
 
 def serve_engine(model_dir: str, swap: SwapMode, requests: Any, replies: Any) -> None:
-    """The rollout process: an ``HFEngine`` answering ``(key, "generate" | "load" | "cancel", args)`` messages."""
+    """The rollout process: an ``HFEngine`` answering ``(key, "generate" | "load" | "stats" | "cancel", args)`` messages."""
     torch.set_num_threads(1)
     engine = HFEngine(model_dir, max_model_len=PROMPT + MAX_RESPONSE + 8, max_batch_size=64, eos_token_ids=[],
                       swap=swap)
@@ -65,6 +65,8 @@ def serve_engine(model_dir: str, swap: SwapMode, requests: Any, replies: Any) ->
     async def answer(key: str, kind: str, args: tuple) -> None:
         if kind == "load":
             replies.send((key, await engine.load_adapter(AdapterRef(version=args[0], path=args[1]))))
+        elif kind == "stats":
+            replies.send((key, engine.stats))
         else:
             replies.send((key, await engine.generate(args[0], args[1], key)))
 
@@ -245,12 +247,16 @@ def main() -> None:
             engine = EngineProcess(model_dir, swap)
             run = Run(engine, model_dir, Path(tmp) / mode, args)
             times = asyncio.run(run.sync() if mode == "sync" else run.stream(args.max_staleness))
+            engine_stats = asyncio.run(engine.call("stats", "stats"))
             engine.close()
             results[mode] = statistics.mean(times[1:])  # the first step includes warm-up in every mode
             print(f"{mode:>12}: step times {[round(t, 2) for t in times]}  mean (steps 2..) {results[mode]:.2f}s\n"
                   f"{'':>14}waiting for rollouts {statistics.mean(run.wait_s[1:]):.2f}s, training "
                   f"{statistics.mean(run.train_s[1:]):.2f}s, weight sync {statistics.mean(run.sync_s[1:]):.2f}s; "
-                  f"trained response length mean {statistics.mean(run.trained_lengths):.0f}; {run.accounting}")
+                  f"trained response length mean {statistics.mean(run.trained_lengths):.0f}; {run.accounting}\n"
+                  f"{'':>14}engine: {engine_stats['generated_tokens']} tokens generated, "
+                  f"{engine_stats['decode_rows'] / max(engine_stats['steps'], 1):.1f} rows per decode step, "
+                  f"{engine_stats['recomputed_tokens']} tokens recomputed after weight syncs")
     print(f"{args.groups} groups x {args.n} samples per step, max_staleness {args.max_staleness}, response lengths "
           f"85% 16-48 / 15% {MAX_RESPONSE // 2}-{MAX_RESPONSE} tokens")
     print(f"without partial rollouts (sync step time / stream-drain step time): "

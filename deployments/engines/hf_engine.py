@@ -41,6 +41,7 @@ from transformers.cache_utils import DynamicLayer
 
 from agents.records import AdapterRef, SamplingParams
 from deployments.engines.base import EngineOutput, PromptTooLong
+from deployments.engines.hf_attention import ATTENTION
 from deployments.engines.hf_batch import RequestState, RunningBatch, keep_rows, merge_batches, sample_next
 
 DType = Literal["float32", "bfloat16", "float16"]
@@ -59,7 +60,8 @@ class HFEngine:
     ``eos_token_ids`` defaults to the model's generation config; ``num_threads`` sets torch's intra-op
     threads (None keeps the process setting, which Ray derives from the replica's ``num_cpus``: more
     threads than free cores makes batched matmuls wait on descheduled threads); ``swap`` is how
-    ``load_adapter`` treats running requests (see the module docstring).
+    ``load_adapter`` treats running requests (see the module docstring); the default attention is
+    ``sdpa`` without copying the KV cache for grouped-query heads (``hf_attention``).
     """
 
     def __init__(
@@ -72,7 +74,7 @@ class HFEngine:
         max_batch_size: int = 32,
         eos_token_ids: Sequence[int] | None = None,
         num_threads: int | None = None,
-        attn_implementation: str = "sdpa",
+        attn_implementation: str = ATTENTION,
         swap: SwapMode = "drain",
     ) -> None:
         if max_batch_size < 1:
