@@ -129,6 +129,9 @@ def build_app(args: dict[str, Any] | RolloutAppArgs) -> Application:
         },
         max_ongoing_requests=spec_args.max_ongoing_requests,
         ray_actor_options={"num_cpus": spec_args.num_cpus, "num_gpus": spec_args.num_gpus},
+        # one access-log line per generate call flooded the driver's console (3,800 lines in a CPU demo);
+        # the replica's metrics count the calls, and the ingress keeps its access log
+        logging_config={"enable_access_log": False},
         request_router_config=RequestRouterConfig(
             request_router_class=StickyRouter, request_routing_stats_period_s=2.0
         ),
