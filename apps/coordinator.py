@@ -56,7 +56,6 @@ class Coordinator:
         self.run_id = run_id
         self._in_flight: dict[str, tuple[int, Any]] = {}  # group id -> (version it started at, worker call)
         self._abandoned: set[str] = set()
-        self.abandoned_groups = 0
         self.started_groups = 0
         self.finished_groups = 0
         self.failed_groups = 0
@@ -98,7 +97,6 @@ class Coordinator:
         for group_id, (version, call) in list(self._in_flight.items()):
             if version < oldest and await self.buffer.abandon.remote(group_id):
                 self._abandoned.add(group_id)
-                self.abandoned_groups += 1
                 ray.cancel(call)
 
     async def _run_group(self, worker: int, row: dict[str, Any], group_id: str, call: Any) -> None:
@@ -128,7 +126,7 @@ class Coordinator:
             "rollout/groups_started": float(self.started_groups),
             "rollout/groups_finished": float(self.finished_groups),
             "rollout/groups_failed": float(self.failed_groups),
-            "rollout/groups_abandoned": float(self.abandoned_groups),
+            "rollout/groups_abandoned": float(len(self._abandoned)),
             "rollout/episodes_per_s": self.finished_episodes / elapsed if elapsed > 0 else 0.0,
             "data/cursor": float(self.cursor.position),
         }

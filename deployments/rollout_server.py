@@ -5,11 +5,11 @@ same class plus a constructor that builds the engine from an ``EngineSpec`` insi
 follows the app's ``AdapterRegistry``) into a Ray Serve deployment.
 
 Policy versions are exact: an adapter swap waits for the generates already running to finish and holds
-new ones back until it is done (``_VersionGate``), so the ``policy_version`` stamped on a
-``GenerateResult`` is the adapter that sampled every one of its tokens. An engine that swaps between
-decode steps itself (``HFEngine(swap="interrupt")``: partial rollouts, ``stream.partial_rollout``) says
-so with ``swaps_while_generating``; then a swap does not wait for running generates, and the result's
-``policy_version`` is the engine's: the oldest adapter that sampled any of its tokens.
+new ones back until it is done (``_VersionGate``), so the ``policy_version`` the engine reports on a
+result is the adapter that sampled every one of its tokens. An engine that swaps between decode steps
+itself (``HFEngine(swap="interrupt")``: partial rollouts, ``stream.partial_rollout``) says so with
+``swaps_while_generating``; then a swap does not wait for running generates, and a result's
+``policy_version`` is the oldest adapter that sampled any of its tokens.
 """
 
 from __future__ import annotations
@@ -130,7 +130,6 @@ class RolloutServer:
         start = time.perf_counter()
         try:
             async with self._gate.generating():
-                version = self.policy_version
                 out = await self.engine.generate(request.prompt_ids, request.sampling, request_id)
         finally:
             self._set_in_flight(self._in_flight - 1)
@@ -140,7 +139,7 @@ class RolloutServer:
             token_ids=out.token_ids,
             logprobs=out.logprobs,
             finish_reason=out.finish_reason,
-            policy_version=out.policy_version if self._swaps_while_generating else version,
+            policy_version=out.policy_version,
             replica_id=self.replica_id,
         )
 

@@ -37,11 +37,14 @@ class BufferStats:
     trained_trajectories: int = 0
     staleness: list[int] = field(default_factory=list)
 
+    @property
+    def in_flight(self) -> int:
+        return self.admitted - self.completed - self.failed - self.aborted
+
     def as_dict(self, depth: int, version: int) -> dict[str, float]:
-        in_flight = self.admitted - self.completed - self.failed - self.aborted
         return {
             "buffer/depth": float(depth),
-            "buffer/in_flight": float(in_flight),
+            "buffer/in_flight": float(self.in_flight),
             "groups/admitted": float(self.admitted),
             "groups/trained": float(self.trained),
             "groups/dropped_stale": float(self.dropped_stale),
@@ -110,7 +113,7 @@ class TrajectoryBuffer:
             else:
                 # Batch-synchronous: the batch for step v is admitted only once version v exists.
                 limit = (self.version + 1) * self.batch_groups
-            room = self.capacity - len(self._groups) - self._in_flight()
+            room = self.capacity - len(self._groups) - self._stats.in_flight
             # Dropped and failed groups give their slot back: the learner still needs a full batch.
             used = self._stats.admitted - self._stats.dropped_stale - self._stats.failed
             granted = max(0, min(wanted, limit - used, room))
@@ -209,12 +212,9 @@ class TrajectoryBuffer:
         return self._step_metrics.pop(step, {})
 
     # ---- internals -----------------------------------------------------------------------
-    def _in_flight(self) -> int:
-        return self._stats.admitted - self._stats.completed - self._stats.failed - self._stats.aborted
-
     def _batch_ready(self) -> bool:
         # Synchronous baseline: train only when the whole admitted batch has finished.
-        return self.streaming or self._in_flight() == 0
+        return self.streaming or self._stats.in_flight == 0
 
     def _drop_stale(self, learner_version: int) -> None:
         fresh = deque(g for g in self._groups

@@ -82,8 +82,6 @@ class HFEngine:
         if swap not in get_args(SwapMode):
             raise ValueError(f"HFEngine({model_path!r}): swap must be one of {get_args(SwapMode)}, got {swap!r}")
         self.swap = swap
-        # read by RolloutServer: in interrupt mode a swap need not wait for the running generates
-        self.swaps_while_generating = swap == "interrupt"
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self.model_path = model_path
@@ -109,6 +107,11 @@ class HFEngine:
         self._loop_task: asyncio.Task | None = None
         self._stats = {"steps": 0, "decode_rows": 0, "max_batch_size": 0, "prefill_tokens": 0, "generated_tokens": 0,
                        "interrupted_rows": 0, "recomputed_tokens": 0}
+
+    @property
+    def swaps_while_generating(self) -> bool:
+        """Read by ``RolloutServer``: in interrupt mode a swap need not wait for the running generates."""
+        return self.swap == "interrupt"
 
     def _default_eos(self) -> list[int]:
         eos = self._model.generation_config.eos_token_id
@@ -294,18 +297,22 @@ class HFEngine:
         self._stats["max_batch_size"] = max(self._stats["max_batch_size"], len(batch.requests))
         batch.next_ids = self._append(batch.requests, out.logits[:, -1])
 
-    def _prefill(self, group: list[RequestState]) -> RunningBatch:
-        """Forward prompts of equal length together; no padding, so each row equals its solo forward."""
-        input_ids = torch.tensor([r.prompt_ids for r in group])  # [b, L]
+    def _forward_unpadded(self, sequences: list[list[int]]) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
+        """Forward sequences of equal length together; no padding, so each row equals its solo forward.
+
+        Returns their cache, its attention mask [b, L] and the logits of the last position [b, V].
+        """
+        input_ids = torch.tensor(sequences)  # [b, L]
         cache = DynamicCache(config=self._model.config)
-        out = self._model(
-            input_ids=input_ids.to(self.device),
-            attention_mask=torch.ones_like(input_ids).to(self.device),
-            past_key_values=cache,
-            use_cache=True,
-        )
-        self._stats["prefill_tokens"] += input_ids.numel()
-        return RunningBatch(group, cache, torch.ones_like(input_ids), self._append(group, out.logits[:, -1]))
+        out = self._model(input_ids=input_ids.to(self.device), attention_mask=torch.ones_like(input_ids).to(self.device),
+                          past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return cache, torch.ones_like(input_ids), out.logits[:, -1]
+
+    def _prefill(self, group: list[RequestState]) -> RunningBatch:
+        """Prompts of equal length, prefilled together; samples each one's first token."""
+        cache, mask, logits = self._forward_unpadded([r.prompt_ids for r in group])
+        self._stats["prefill_tokens"] += mask.numel()
+        return RunningBatch(group, cache, mask, self._append(group, logits))
 
     @torch.inference_mode()
     def _recompute(self, batch: RunningBatch) -> RunningBatch | None:
@@ -321,14 +328,10 @@ class HFEngine:
                 by_length.setdefault(len(request.prompt_ids) + len(request.token_ids) - 1, []).append(request)
         parts = []
         for group in by_length.values():
-            input_ids = torch.tensor([r.prompt_ids + r.token_ids[:-1] for r in group])  # [b, L]
-            cache = DynamicCache(config=self._model.config)
-            self._model(input_ids=input_ids.to(self.device), attention_mask=torch.ones_like(input_ids).to(self.device),
-                        past_key_values=cache, use_cache=True, logits_to_keep=1)
-            parts.append(RunningBatch(group, cache, torch.ones_like(input_ids),
-                                      torch.tensor([r.token_ids[-1] for r in group])))
+            cache, mask, _ = self._forward_unpadded([r.prompt_ids + r.token_ids[:-1] for r in group])
+            parts.append(RunningBatch(group, cache, mask, torch.tensor([r.token_ids[-1] for r in group])))
             self._stats["interrupted_rows"] += len(group)
-            self._stats["recomputed_tokens"] += input_ids.numel()
+            self._stats["recomputed_tokens"] += mask.numel()
         return merge_batches(parts) if parts else None
 
     def _append(self, requests: list[RequestState], logits: torch.Tensor) -> torch.Tensor:
