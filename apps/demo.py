@@ -27,6 +27,9 @@ CACHE = Path(".cache")
 TINY_MODEL = CACHE / "tiny-model"
 DATA_DIR = CACHE / "demo" / "data"
 TRAIN_ROWS, VAL_ROWS, SFT_TRANSCRIPTS = 512, 64, 1200
+# Share of SFT transcripts that answer without the calculator: the cold-started model under-uses its tool
+# and GRPO learns that calling it pays (see ``arithmetic.make_sft_transcripts``).
+SFT_DIRECT_FRACTION = 0.5
 
 
 def _stage_done(folder: Path, key: str) -> bool:
@@ -58,7 +61,7 @@ def build_model(seed: int) -> Path:
 
 
 def write_data(cfg: TandemConfig, seed: int) -> str:
-    key = _key("data", seed, TRAIN_ROWS, VAL_ROWS, SFT_TRANSCRIPTS)
+    key = _key("data", seed, TRAIN_ROWS, VAL_ROWS, SFT_TRANSCRIPTS, SFT_DIRECT_FRACTION)
     if _stage_done(DATA_DIR, key):
         print(f"[2/4] data: cached at {DATA_DIR}")
         return key
@@ -69,14 +72,16 @@ def write_data(cfg: TandemConfig, seed: int) -> str:
         rows = [validate_row(r, f"{split} row {i}") for i, r in enumerate(arithmetic.make_rows(count, seed, split))]
         write_parquet(rows, Path(path))
         write_jsonl(rows, Path(path).with_suffix(".jsonl"))
-    transcripts = arithmetic.make_sft_transcripts(SFT_TRANSCRIPTS, seed, schemas)
+    transcripts = arithmetic.make_sft_transcripts(SFT_TRANSCRIPTS, seed, schemas, direct_fraction=SFT_DIRECT_FRACTION)
     sft_path = Path(_first(cfg.sft.train_files))
     sft_path.parent.mkdir(parents=True, exist_ok=True)
     sft_path.write_text("".join(json.dumps(t) + "\n" for t in transcripts))
     _mark_done(DATA_DIR, key)
-    formats = sorted({t["call_format"] for t in transcripts})
+    formats = sorted({t["call_format"] for t in transcripts} - {"none"})
+    direct = sum(t["call_format"] == "none" for t in transcripts)
     print(f"[2/4] data: {TRAIN_ROWS} train / {VAL_ROWS} val rows, {len(transcripts)} SFT transcripts "
-          f"with tool calls in {len(formats)} formats ({', '.join(formats)}) → {DATA_DIR}")
+          f"({len(transcripts) - direct} with tool calls in {len(formats)} formats: {', '.join(formats)}; "
+          f"{direct} answer without the tool) → {DATA_DIR}")
     return key
 
 

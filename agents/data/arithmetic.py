@@ -4,7 +4,7 @@ Deterministic from a seed. Three products:
 - verl-format rows (``agent_name: tool_agent``) for GRPO,
 - SFT transcripts whose tool calls are written in *mixed* formats (hermes tags, ``<tools>``,
   fenced JSON, bare JSON, OpenAI shape, qwen3 XML) so the cold-started model emits all of them and
-  only the universal ``qwen25_coder`` parser reads every one,
+  only the universal ``qwen25_coder`` parser reads every one; optionally some answer without the tool,
 - ``score_answer``: 1.0 when the last assistant message states the right number; 0.5 when the episode
   made a successful calculator call and then stated a number in the answer form (``The answer is N.``)
   that is wrong; else 0. The partial credit is what a
@@ -95,21 +95,37 @@ def _call_text(fmt: str, expr: str) -> str:
 CALL_FORMATS = ("hermes", "tools_tag", "fenced", "bare", "openai", "qwen3_xml")
 
 
-def make_sft_transcripts(count: int, seed: int, tool_schemas: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Chat transcripts: question → tool call (mixed formats) → tool result → answer."""
+def make_sft_transcripts(count: int, seed: int, tool_schemas: list[dict[str, Any]], *,
+                         direct_fraction: float = 0.0) -> list[dict[str, Any]]:
+    """Chat transcripts: question → tool call (mixed formats) → tool result → answer.
+
+    A ``direct_fraction`` of them answer at once without the tool (``call_format`` ``"none"``), as a model
+    that under-uses its tools would: the cold-started model then calls the calculator only part of the time,
+    and GRPO has to learn that calling it pays (a direct answer is right only if the model can do the
+    arithmetic itself, which a tiny model cannot).
+    """
+    if not 0.0 <= direct_fraction <= 1.0:
+        raise ValueError(f"direct_fraction must be in [0, 1], got {direct_fraction}")
     rng = random.Random(f"{seed}-sft")
     out = []
-    for i in range(count):
+    with_tool = 0
+    for _ in range(count):
         expr, value = make_problem(rng)
         question = rng.choice(_QUESTION_TEMPLATES).format(expr=expr)
-        fmt = CALL_FORMATS[i % len(CALL_FORMATS)]
+        answer = {"role": "assistant", "content": f"The answer is {value}."}
+        if rng.random() < direct_fraction:
+            out.append({"tools": tool_schemas, "messages": [{"role": "user", "content": question}, answer],
+                        "call_format": "none"})
+            continue
+        fmt = CALL_FORMATS[with_tool % len(CALL_FORMATS)]
+        with_tool += 1
         out.append({
             "tools": tool_schemas,
             "messages": [
                 {"role": "user", "content": question},
                 {"role": "assistant", "content": _call_text(fmt, expr)},
                 {"role": "tool", "content": str(value)},
-                {"role": "assistant", "content": f"The answer is {value}."},
+                answer,
             ],
             "call_format": fmt,
         })

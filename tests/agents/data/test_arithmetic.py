@@ -1,5 +1,7 @@
 """The demo arithmetic task: deterministic rows, mixed-format transcripts the universal parser reads, reward."""
 
+import re
+
 import pytest
 
 from agents.data import arithmetic
@@ -36,6 +38,21 @@ def test_transcripts_use_every_format_and_parse_with_qwen25_coder_only():
         assert str(arithmetic._evaluate(expr)) == t["messages"][2]["content"]
         hermes_hits += bool(parse_tool_calls(call_text, "hermes").calls)
     assert hermes_hits == 2  # only the hermes-format transcripts: the mixed formats need the universal parser
+
+
+def test_direct_fraction_mixes_in_tool_free_answers():
+    transcripts = arithmetic.make_sft_transcripts(400, seed=3, tool_schemas=[], direct_fraction=0.5)
+    direct = [t for t in transcripts if t["call_format"] == "none"]
+    assert 150 < len(direct) < 250
+    for t in direct:  # question, then the right answer at once
+        assert [m["role"] for m in t["messages"]] == ["user", "assistant"]
+        expr = re.search(r"\d[\d +*-]*\d", t["messages"][0]["content"]).group(0)
+        assert arithmetic.extract_answer(t["messages"][1]["content"]) == arithmetic._evaluate(expr)
+    with_tool = [t for t in transcripts if t["call_format"] != "none"]
+    assert {t["call_format"] for t in with_tool} == set(arithmetic.CALL_FORMATS)
+    assert all(t["call_format"] != "none" for t in arithmetic.make_sft_transcripts(50, seed=3, tool_schemas=[]))
+    with pytest.raises(ValueError, match="direct_fraction"):
+        arithmetic.make_sft_transcripts(5, seed=3, tool_schemas=[], direct_fraction=1.5)
 
 
 @pytest.mark.parametrize("text, calls, errors, expected", [
