@@ -42,7 +42,8 @@ from transformers.cache_utils import DynamicLayer
 from agents.records import AdapterRef, SamplingParams
 from deployments.engines.base import EngineOutput, PromptTooLong
 from deployments.engines.hf_attention import ATTENTION
-from deployments.engines.hf_batch import RequestState, RunningBatch, keep_rows, merge_batches, sample_next
+from deployments.engines.hf_batch import (RequestState, RunningBatch, growing_cache, keep_rows, merge_batches,
+                                          sample_next)
 
 DType = Literal["float32", "bfloat16", "float16"]
 SwapMode = Literal["drain", "interrupt"]
@@ -303,7 +304,7 @@ class HFEngine:
         Returns their cache, its attention mask [b, L] and the logits of the last position [b, V].
         """
         input_ids = torch.tensor(sequences)  # [b, L]
-        cache = DynamicCache(config=self._model.config)
+        cache = growing_cache(self._model.config)
         out = self._model(input_ids=input_ids.to(self.device), attention_mask=torch.ones_like(input_ids).to(self.device),
                           past_key_values=cache, use_cache=True, logits_to_keep=1)
         return cache, torch.ones_like(input_ids), out.logits[:, -1]

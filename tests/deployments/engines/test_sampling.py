@@ -8,9 +8,11 @@ import sys
 import pytest
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from agents.records import SamplingParams
 from deployments.engines.hf_batch import (
+    GrowingLayer,
     RequestState,
     RunningBatch,
     _filtered_probs,
@@ -65,9 +67,10 @@ def test_sample_next_is_reproducible_per_seed() -> None:
     assert len(set(draws[1:])) > 1  # four seeds over 50 equally likely tokens do not all agree
 
 
-def _batch(lengths: list[int], t: int, tag: float) -> RunningBatch:
+def _batch(lengths: list[int], t: int, tag: float, layer: type = DynamicLayer) -> RunningBatch:
     """A one-layer batch whose rows hold ``lengths`` real tokens right-aligned in ``t`` columns."""
     cache = DynamicCache()
+    cache.layers = [layer()]
     keys = torch.full((len(lengths), 1, t, 2), tag)  # [B, H, T, D]
     cache.update(keys, keys.clone(), 0)
     mask = torch.tensor([[0] * (t - n) + [1] * n for n in lengths])
@@ -75,8 +78,10 @@ def _batch(lengths: list[int], t: int, tag: float) -> RunningBatch:
 
 
 @pytest.mark.unit
-def test_merge_left_pads_shorter_caches_and_keep_rows_trims_padding() -> None:
-    merged = merge_batches([_batch([3], 3, 1.0), _batch([2, 1], 2, 2.0)])
+@pytest.mark.parametrize("layer", [DynamicLayer, GrowingLayer])
+def test_merge_left_pads_shorter_caches_and_keep_rows_trims_padding(layer: type) -> None:
+    merged = merge_batches([_batch([3], 3, 1.0, layer), _batch([2, 1], 2, 2.0, layer)])
+    assert merged.cache.layers[0].values[:, 0, :, 0].tolist() == [[1, 1, 1], [0, 2, 2], [0, 2, 2]]
     assert merged.attention_mask.tolist() == [[1, 1, 1], [0, 1, 1], [0, 0, 1]]
     assert merged.cache.layers[0].keys[:, 0, :, 0].tolist() == [[1, 1, 1], [0, 2, 2], [0, 2, 2]]
     assert merged.next_ids.tolist() == [3, 2, 1]
@@ -85,6 +90,22 @@ def test_merge_left_pads_shorter_caches_and_keep_rows_trims_padding() -> None:
     assert kept.cache.layers[0].keys.shape == (2, 1, 2, 2)
     assert kept.next_ids.tolist() == [2, 1]
     assert keep_rows(kept, []) is None
+
+
+@pytest.mark.unit
+def test_growing_layer_appends_in_place_and_equals_dynamic_layer() -> None:
+    torch.manual_seed(0)
+    growing, dynamic = GrowingLayer(), DynamicLayer()
+    steps = [torch.randn(3, 2, 5, 4)] + [torch.randn(3, 2, 1, 4) for _ in range(400)]  # prefill, then decode
+    moved = 0
+    for new in steps:
+        before = growing._buffers["keys"]
+        keys, values = growing.update(new, new * 2)
+        ref_keys, ref_values = dynamic.update(new, new * 2)
+        assert torch.equal(keys, ref_keys) and torch.equal(values, ref_values)
+        moved += before is not None and growing._buffers["keys"] is not before
+    assert growing.get_seq_length() == 405
+    assert moved == 1  # one reallocation past the first 261 columns of room, not one copy per step
 
 
 @pytest.mark.unit
