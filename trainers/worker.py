@@ -190,6 +190,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     optimizer = build_optimizer(model, spec.actor.optim)
     scheduler = make_scheduler(optimizer, spec.actor.optim, spec.total_steps)
     progress = _restore(spec, model, optimizer, scheduler, rank)
+    if progress.policy_version > 0:
+        # Resumed: the rollout replicas (a fresh app, or one reset on attach) still sample the base model,
+        # and the buffer would drop their groups as stale forever. Publish the restored adapter first.
+        _publish_adapter(spec, model, progress.policy_version, rank)
     settings = _settings(spec, device)
     save_freq = spec.trainer.save_freq
     while spec.total_steps is None or progress.step < spec.total_steps:

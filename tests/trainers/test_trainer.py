@@ -98,11 +98,15 @@ def test_kill_free_resume_matches_an_uninterrupted_run(ray_cluster, grpo_model_d
     assert [r.version for r in full_refs] == [1, 2, 3]
 
     split_cfg = _cfg(grpo_model_dir, tmp_path / "split", "split", "trainer.save_freq=1")
-    first, _ = _train(split_cfg, trajectories, 2)
+    first, first_refs = _train(split_cfg, trajectories, 2)
     assert [m["step"] for m in first] == [1, 2]
-    # A new trainer, a new source actor (cursor at 0), the same run name and storage: resumes at step 3.
+    v2 = load_file(Path(first_refs[-1].path) / "adapter_model.safetensors")
+    # A new trainer, a new source actor (cursor at 0), the same run name and storage: resumes at step 3,
+    # after publishing the restored adapter again (fresh replicas would otherwise sample the base model).
     resumed, refs = _train(split_cfg, trajectories, 3)
-    assert [r.version for r in refs] == [3]
+    assert [r.version for r in refs] == [2, 3]
+    republished = load_file(Path(refs[0].path) / "adapter_model.safetensors")
+    assert v2.keys() == republished.keys() and all(torch.equal(v2[k], republished[k]) for k in v2)
     assert [m["step"] for m in resumed] == [1, 2, 3]
     assert read_metrics(tmp_path / "split")[-1]["policy_version"] == 3
     for key in ("pg_loss", "grad_norm", "entropy", "rollout_logprob_gap", "advantages/mean"):
