@@ -192,6 +192,12 @@ class AdapterBridge:
 AdapterBridgeActor = ray.remote(num_cpus=0)(AdapterBridge).options(max_concurrency=8)
 
 
+def final_adapter(run_dir: Path) -> Path | None:
+    """The newest ``adapters/v<k>`` folder of a run, if any."""
+    adapters = sorted((run_dir / "adapters").glob("v*"), key=lambda p: int(p.name[1:]) if p.name[1:].isdigit() else -1)
+    return adapters[-1] if adapters else None
+
+
 def summary_table(history: list[dict[str, float]], paths: dict[str, Path], accounting: dict[str, float]) -> str:
     """The end-of-run table: reward per step, first vs last five steps, accounting, outputs."""
     from rich.console import Console

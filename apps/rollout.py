@@ -213,6 +213,14 @@ def deploy_rollout_app(cfg: TandemConfig, *, blocking: bool = False) -> Deployme
     return rollout_handle(serve_cfg.app_name)
 
 
+def deployed_apps() -> set[str]:
+    """Serve applications already running on the cluster (none when Serve is not started)."""
+    try:
+        return set(serve.status().applications)
+    except Exception:  # Serve not started on this cluster yet
+        return set()
+
+
 def delete_rollout_app(app_name: str) -> None:
     """Delete the app and its adapter registry (the next app of that name starts at policy version 0)."""
     serve.delete(app_name)

@@ -16,13 +16,13 @@ import uuid
 from pathlib import Path
 
 import ray
-from ray import serve
 from tqdm import tqdm
 
 from agents.tools.registry import load_tools
 from apps.coordinator import CoordinatorActor
-from apps.driver import AdapterBridgeActor, connect_ray, load_training_rows, summary_table, with_absolute_paths
-from apps.rollout import attach_rollout_app, delete_rollout_app, deploy_rollout_app
+from apps.driver import (AdapterBridgeActor, connect_ray, final_adapter, load_training_rows, summary_table,
+                         with_absolute_paths)
+from apps.rollout import attach_rollout_app, delete_rollout_app, deploy_rollout_app, deployed_apps
 from apps.tracking import RunTracker
 from configs import TandemConfig, load_config
 from deployments.agent_workers import AgentWorker, AgentWorkerSpec
@@ -64,7 +64,7 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
     total_steps = cfg.trainer.total_training_steps or max(1, cfg.trainer.total_epochs * len(rows) // batch)
 
     # 2. Rollout engines: attach to an app deployed with `serve deploy`, or deploy it now.
-    attached = cfg.serve.app_name in _deployed_apps()
+    attached = cfg.serve.app_name in deployed_apps()
     rollout = attach_rollout_app(cfg.serve.app_name) if attached else deploy_rollout_app(cfg)
     log.info("%s rollout app %r", "attached to" if attached else "deployed", cfg.serve.app_name)
 
@@ -105,7 +105,7 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
         if not attached:
             delete_rollout_app(cfg.serve.app_name)
     paths = {"run dir": run_dir, "metrics": tracker.metrics_path, "reward curve": plot,
-             "final adapter": _final_adapter(run_dir), "mlflow": cfg.tracking.mlflow_tracking_uri}
+             "final adapter": final_adapter(run_dir), "mlflow": cfg.tracking.mlflow_tracking_uri}
     summary_table(tracker.history, paths, accounting)
     print(f"total wall time {time.perf_counter() - started:.1f}s")
     return 0
@@ -136,14 +136,6 @@ def _follow_steps(fit, bridge, buffer, coordinator, tracker: RunTracker, total_s
                 time.sleep(0.5)
 
 
-def _deployed_apps() -> set[str]:
-    """Serve applications already running on the cluster (none when Serve is not started)."""
-    try:
-        return set(serve.status().applications)
-    except Exception:  # Serve not started on this cluster yet
-        return set()
-
-
 def _tracer_factory(cfg: TandemConfig, run_id: str):
     if cfg.actor_rollout_ref.rollout.trace.backend != "mlflow":
         return None
@@ -151,11 +143,6 @@ def _tracer_factory(cfg: TandemConfig, run_id: str):
 
     # Traces go to the run's mlflow experiment; every span carries the run id (AgentWorker run_id).
     return tracer_factory(cfg, experiment_name=cfg.trainer.project_name)
-
-
-def _final_adapter(run_dir: Path) -> Path | None:
-    adapters = sorted((run_dir / "adapters").glob("v*"), key=lambda p: int(p.name[1:]) if p.name[1:].isdigit() else -1)
-    return adapters[-1] if adapters else None
 
 
 if __name__ == "__main__":

@@ -7,9 +7,10 @@ follows the app's ``AdapterRegistry``) into a Ray Serve deployment.
 Policy versions are exact: an adapter swap waits for the generates already running to finish and holds
 new ones back until it is done (``_VersionGate``), so the ``policy_version`` the engine reports on a
 result is the adapter that sampled every one of its tokens. An engine that swaps between decode steps
-itself (``HFEngine(swap="interrupt")``: partial rollouts, ``stream.partial_rollout``) says so with
-``swaps_while_generating``; then a swap does not wait for running generates, and a result's
-``policy_version`` is the oldest adapter that sampled any of its tokens.
+itself (``HFEngine(swap="interrupt")``: partial rollouts, ``stream.partial_rollout``), or that keeps each
+request on the adapter it was submitted with (``VLLMEngine``), says so with ``swaps_while_generating``;
+then a swap does not wait for running generates, and a result's ``policy_version`` is the oldest adapter
+that sampled any of its tokens.
 """
 
 from __future__ import annotations

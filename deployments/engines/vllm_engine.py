@@ -8,7 +8,9 @@ the same quantity ``HFEngine`` reports.
 
 LoRA: adapters are ``LoRARequest(name, lora_int_id=version, path)``. A request keeps the adapter it
 was submitted with, so in-flight requests finish on the old version while new ones start on the new
-one; each output reports the version it was submitted under. Old adapters are not removed explicitly:
+one; each output reports the version it was submitted under. A swap therefore never waits for running
+generations (``swaps_while_generating``: ``RolloutServer`` skips its drain), and every token of an
+output still comes from one adapter. Old adapters are not removed explicitly:
 vLLM evicts the least recently used ones (``max_loras`` / ``max_cpu_loras``).
 
 Every vllm import is inside a function, so importing this module (or ``deployments.engines``) never
@@ -53,6 +55,9 @@ def to_vllm_sampling(sampling: SamplingParams) -> dict[str, Any]:
 
 class VLLMEngine:
     """``Engine`` over vLLM's ``AsyncLLM`` with LoRA enabled."""
+
+    # Read by RolloutServer: vLLM keeps each request's LoRA, so a swap need not wait for running generates.
+    swaps_while_generating = True
 
     def __init__(
         self,
@@ -111,6 +116,7 @@ class VLLMEngine:
             logprobs=logprobs,
             finish_reason=FINISH_REASONS.get(str(completion.finish_reason), "abort"),
             policy_version=version,
+            token_versions=(version,) * len(token_ids),
         )
 
     async def load_adapter(self, ref: AdapterRef) -> None:

@@ -91,12 +91,24 @@ async def run(work: Path) -> bool:
         except PromptTooLong as error:
             ok &= check("PromptTooLong", "too-long" in str(error), str(error))
 
+        # A swap while a generation runs: the running request keeps the adapter it was submitted with.
+        long = SamplingParams(temperature=0.0, max_new_tokens=96)
+        reference = await engine.generate(prompts[2], long, "long-ref")
+        running = asyncio.create_task(engine.generate(prompts[2], long, "long-running"))
+        await asyncio.sleep(0.05)  # let vLLM schedule it
         await engine.load_adapter(AdapterRef(version=1, path=str(adapter_path)))
+        overlapped = not running.done()
+        finished = await running
+        ok &= check("in-flight request finishes on the adapter it started with",
+                    finished.token_ids == reference.token_ids and finished.policy_version == 0
+                    and set(finished.token_versions) == {0},
+                    f"swap returned while it ran: {overlapped}; {len(finished.token_ids)} tokens, v{finished.policy_version}")
         tuned = await asyncio.gather(*[engine.generate(p, GREEDY, f"v1-{i}") for i, p in enumerate(prompts)])
         for i, out in enumerate(tuned):
             print(f"  v1 prompt {i} -> {out.token_ids} v{out.policy_version}")
         changed = sum(t.token_ids != b.token_ids for t, b in zip(tuned, base))
-        ok &= check("adapter v1 changes outputs", changed == len(prompts) and all(o.policy_version == 1 for o in tuned),
+        ok &= check("adapter v1 changes outputs", changed == len(prompts) and all(o.policy_version == 1 for o in tuned)
+                    and all(set(o.token_versions) == {1} for o in tuned),
                     f"{changed}/{len(prompts)} prompts changed")
         from peft import PeftModel
 
