@@ -32,7 +32,7 @@ def connect_ray(cfg: TandemConfig) -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
         return
-    ray.init(include_dashboard=False, log_to_driver=True,
+    ray.init(include_dashboard=cfg.tracking.ray_dashboard, log_to_driver=True,
              runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
 
 
