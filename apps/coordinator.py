@@ -66,8 +66,10 @@ class Coordinator:
         """Dispatch until ``stop()``; returns the final stats."""
         while not self._stop.is_set():
             want = self.max_in_flight - len(self._tasks)
-            granted = await self.buffer.admit.remote(want) if want > 0 else 0
+            # Read before admitting: a publish landing in between must not make a group look newer than
+            # the version it was admitted under (it would then never be abandoned).
             version, oldest = await self.buffer.staleness_window.remote()
+            granted = await self.buffer.admit.remote(want) if want > 0 else 0
             for _ in range(granted):
                 self._dispatch(version)
             await self._abandon_older_than(oldest)
@@ -87,7 +89,7 @@ class Coordinator:
         self.started_groups += 1
         group_id = f"{self.run_id}-g{index}-r{row.get('extra_info', {}).get('index', index)}"
         call = self.workers[worker].run_rows.remote([row], step=index, group_ids=[group_id])
-        # the version read before dispatch: the group's tokens are sampled by this version or a newer one
+        # the version read before admission: the group's tokens are sampled by this version or a newer one
         self._in_flight[group_id] = (version, call)
         task = asyncio.create_task(self._run_group(worker, row, group_id, call))
         self._tasks.add(task)

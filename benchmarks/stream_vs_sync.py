@@ -195,9 +195,10 @@ class Run:
         async def coordinator() -> None:  # as apps.coordinator: admit, start, abandon what can't be fresh
             nonlocal cursor
             while not buffer.closed:
+                version = buffer.version  # read before admitting, as apps.coordinator does
                 for _ in range(await buffer.admit(64)):
                     task = asyncio.create_task(produce(cursor))
-                    tasks[task] = (f"g{cursor}", buffer.version)
+                    tasks[task] = (f"g{cursor}", version)
                     task.add_done_callback(lambda t: tasks.pop(t, None))
                     cursor += 1
                 _, oldest = await buffer.staleness_window()

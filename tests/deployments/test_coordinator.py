@@ -24,9 +24,17 @@ def test_groups_that_can_no_longer_be_fresh_are_abandoned_and_counted(rollout_ap
     import ray
 
     from apps.coordinator import CoordinatorActor
+    from apps.rollout import publish_adapter
     from configs import load_config
+    from deployments.adapter_registry import get_adapter_registry
     from deployments.agent_workers import AgentWorker, AgentWorkerSpec
     from trainers.buffer import TrajectoryBuffer
+
+    # Episodes must outlast the version bump: sample with the base model, not an adapter an earlier test of
+    # the session published (the tool-call adapter ends every episode after a few tokens); restored below.
+    registry = get_adapter_registry(rollout_app.name)
+    previous = ray.get(registry.latest.remote())
+    ray.get(registry.reset.remote(120.0))
 
     # the random tiny model rarely samples EOS: every episode runs to its 400-token budget
     cfg = load_config(None, [
@@ -51,6 +59,8 @@ def test_groups_that_can_no_longer_be_fresh_are_abandoned_and_counted(rollout_ap
         ray.get(coordinator.stop.remote())
         final = ray.get(done, timeout=60)
         ray.get(buffer.close.remote())
+        if previous.version:
+            publish_adapter(rollout_app.name, previous, wait_s=120)
     stats = ray.get(buffer.stats.remote())
     assert stats["groups/aborted_in_flight"] >= 1
     assert stats["groups/dropped_stale"] >= stats["groups/aborted_in_flight"]
