@@ -29,7 +29,7 @@ DATA_DIR = CACHE / "demo" / "data"
 TRAIN_ROWS, VAL_ROWS, SFT_TRANSCRIPTS = 512, 64, 1200
 # Share of SFT transcripts that answer without the calculator: the cold-started model under-uses its tool
 # and GRPO learns that calling it pays (see ``arithmetic.make_sft_transcripts``).
-SFT_DIRECT_FRACTION = 0.5
+SFT_DIRECT_FRACTION = 0.6
 
 
 def _stage_done(folder: Path, key: str) -> bool:
