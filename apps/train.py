@@ -124,8 +124,9 @@ def _follow_steps(fit, bridge, buffer, coordinator, tracker: RunTracker, total_s
             for learner in pending:
                 step = int(learner["step"])
                 rollout = ray.get(buffer.pop_step_metrics.remote(step))
-                metrics = {**learner, **rollout, **ray.get(buffer.stats.remote()),
-                           **ray.get(coordinator.stats.remote()), "timing/step_s": learner.get("step_time_s", 0.0) + learner.get("batch_wait_s", 0.0)}
+                # learner last: the buffer's stats carry its *current* policy_version, maybe a step ahead
+                metrics = {**rollout, **ray.get(buffer.stats.remote()), **ray.get(coordinator.stats.remote()), **learner,
+                           "timing/step_s": learner.get("step_time_s", 0.0) + learner.get("batch_wait_s", 0.0)}
                 tracker.log_step(step, metrics)
                 bar.update(1)
                 bar.set_postfix(reward=f"{metrics.get('reward/mean', 0):.2f}",
