@@ -304,10 +304,11 @@ class HFEngine:
         Returns their cache, its attention mask [b, L] and the logits of the last position [b, V].
         """
         input_ids = torch.tensor(sequences)  # [b, L]
+        mask = torch.ones_like(input_ids)
         cache = growing_cache(self._model.config)
-        out = self._model(input_ids=input_ids.to(self.device), attention_mask=torch.ones_like(input_ids).to(self.device),
+        out = self._model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
                           past_key_values=cache, use_cache=True, logits_to_keep=1)
-        return cache, torch.ones_like(input_ids), out.logits[:, -1]
+        return cache, mask, out.logits[:, -1]
 
     def _prefill(self, group: list[RequestState]) -> RunningBatch:
         """Prompts of equal length, prefilled together; samples each one's first token."""
