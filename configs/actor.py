@@ -21,7 +21,7 @@ LossAggMode = Literal[
 class ModelConfig(Section):
     VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
         {"external_lib", "use_shm", "enable_activation_offload", "use_liger", "use_fused_kernels",
-         "fused_kernel_options", "exclude_modules", "lora_adapter_path", "custom_chat_template",
+         "fused_kernel_options", "exclude_modules", "custom_chat_template",
          "use_dynamic_bsz", "layered_summon", "hf_config_path", "tiled_mlp"}
     )
 
@@ -33,6 +33,9 @@ class ModelConfig(Section):
     """LoRA rank; 0 trains all weights (SFT only; GRPO trains adapters)."""
     lora_alpha: int = Field(default=32, ge=1)
     """LoRA scaling alpha."""
+    lora_adapter_path: str | None = None
+    """A saved peft LoRA adapter (e.g. ``runs/<name>/adapters/v<k>``) to start from: training continues it and
+    validation evaluates it. It is policy version 0 on every rollout replica; its own rank/alpha/targets win."""
     target_modules: str | list[str] = "all-linear"
     """Modules that get LoRA adapters (peft's ``all-linear`` = every linear layer but the head)."""
     use_remove_padding: bool = True
@@ -50,8 +53,8 @@ class OptimConfig(Section):
         {"num_cycles", "optimizer", "optimizer_impl", "override_optimizer_config", "clip_grad"}
     )
 
-    lr: float = Field(default=1e-5, gt=0, le=1)
-    """Learning rate."""
+    lr: float = Field(default=1e-5, ge=0, le=1)
+    """Learning rate (0 keeps the weights: a control run that shows what the updates change)."""
     lr_warmup_steps: int = -1
     """Warm-up steps; -1 uses ``lr_warmup_steps_ratio``."""
     lr_warmup_steps_ratio: float = Field(default=0.0, ge=0, le=1)
@@ -99,7 +102,7 @@ class ActorConfig(Section):
     VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
         {"checkpoint", "use_torch_compile", "ulysses_sequence_parallel_size", "use_fused_kernels", "profiler",
          "data_loader_seed", "entropy_from_logits_with_chunking", "entropy_checkpointing", "freeze_vision_tower",
-         "loss_scale_factor", "use_prefix_grouper", "calculate_sum_pi_squared", "tau_pos", "tau_neg",
+         "loss_scale_factor", "calculate_sum_pi_squared", "tau_pos", "tau_neg",
          "ppo_infer_micro_batch_size_per_gpu", "ppo_infer_max_token_len_per_gpu", "qat", "rollout_n",
          "use_remove_padding", "engine", "router_replay", "grad_norm_threshold"}
     )
@@ -116,6 +119,15 @@ class ActorConfig(Section):
     """Token-budget micro-batches (``ppo_max_token_len_per_gpu``) instead of a fixed count."""
     ppo_max_token_len_per_gpu: int = Field(default=16384, ge=1)
     """Token budget of one micro-batch with ``use_dynamic_bsz``."""
+    use_prefix_grouper: bool = True
+    """Lay out each distinct prompt of a micro-batch once, followed by the responses of every sample that
+    has it, with a 4-D attention mask (``trainers.prefix``); log-probs and gradients equal the unshared
+    layout's. Default on, by measurement (SmolLM2-135M, LoRA r=8, 2 CPU cores, forward+backward of 2 groups
+    × 8 samples, 214-token prompts, 20–40-token responses): 19.8 s → 5.8 s with micro-batches of 8, 26.5 s
+    → 6.2 s with 16, 18.8 s → 12.2 s with 2 (verl's default size). No shared prompt: same time; responses
+    much longer than the prompt (64 vs 200–400 tokens): 3% slower, as a whole group becomes one dense
+    attention row. Needs ``attn_implementation`` sdpa or eager; replaces the packed/padded layout
+    (``model.use_remove_padding``) when on."""
     ppo_epochs: int = Field(default=1, ge=1, le=100)
     """Passes over each batch."""
     shuffle: bool = False

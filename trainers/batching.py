@@ -13,7 +13,8 @@ Two layouts: ``packed`` bin-packs the micro-batch's sequences into rows as wide 
 eager) then builds a block-diagonal causal mask, so only row tails are padding. ``padded`` right-pads
 every sequence to the longest one. Packing is exact with sdpa on CPU (tested). Rows rather than one long
 pack because sdpa attends densely within a row (O(W²) per row); flash-attn varlen on GPU could take one
-row with no padding at all.
+row with no padding at all. A third layout, one copy of each shared prompt (``trainers.prefix``), is
+planned here too (``share_prompts``): group members kept together, budgets counting tokens as laid out.
 """
 
 from __future__ import annotations
@@ -33,15 +34,19 @@ __all__ = [
     "MicroBatch",
     "MiniBatchPlan",
     "Sample",
+    "by_prompt",
     "collate",
     "dynamic_micro_batches",
     "filler",
     "fixed_micro_batches",
+    "micro_batch_from_layout",
     "mini_batches_by_group",
+    "pack_rows",
     "padded_micro_batches",
     "plan_step",
     "rank_partitions",
     "samples_from_trajectories",
+    "shared_micro_batches",
 ]
 
 
@@ -93,7 +98,9 @@ class MicroBatch:
 
     input_ids: torch.Tensor  # [rows, cols] long
     position_ids: torch.Tensor  # [rows, cols] long
-    attention_mask: torch.Tensor | None  # [rows, cols] long; None when packed
+    # [rows, cols] long when padded; None when packed; [rows, 1, cols, cols] bool (True = may attend) in the
+    # shared-prompt layout (trainers.prefix)
+    attention_mask: torch.Tensor | None
     pred_index: torch.Tensor  # [B, R] flat index into [rows*cols] of the logit predicting response token j
     labels: torch.Tensor  # [B, R] response token ids (0 past the end)
     valid: torch.Tensor  # [B, R] bool, j < len(response)
@@ -117,7 +124,7 @@ def _pad_rows(rows: list[Sequence[float]] | list[torch.Tensor], width: int, dtyp
     return out
 
 
-def _pack_rows(lengths: Sequence[int]) -> tuple[list[tuple[int, int]], list[int], int]:
+def pack_rows(lengths: Sequence[int]) -> tuple[list[tuple[int, int]], list[int], int]:
     """First-fit-decreasing bin packing into rows as wide as the longest sequence: (row, offset) per item,
     each row's fill, and the width."""
     width = max(lengths)
@@ -141,10 +148,9 @@ def collate(samples: Sequence[Sample], packed: bool) -> MicroBatch:
     Otherwise: one right-padded row per sequence with an attention mask.
     """
     lengths = [s.length for s in samples]
-    resp_len = max(len(s.response_ids) for s in samples)
     seqs = [list(s.prompt_ids) + list(s.response_ids) for s in samples]
     if packed:
-        place, fills, width = _pack_rows(lengths)
+        place, fills, width = pack_rows(lengths)
         input_ids = torch.zeros(len(fills), width, dtype=torch.long)  # [rows, W]
         position_ids = torch.zeros(len(fills), width, dtype=torch.long)  # [rows, W]
         for seq, (row, offset) in zip(seqs, place):
@@ -161,10 +167,26 @@ def collate(samples: Sequence[Sample], packed: bool) -> MicroBatch:
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [B, T]
         starts = torch.arange(len(samples)) * width
     prompt_lens = torch.tensor([len(s.prompt_ids) for s in samples])  # [B]
+    return micro_batch_from_layout(samples, input_ids, position_ids, attention_mask, starts + prompt_lens,
+                                   num_tokens=sum(lengths), packed=packed)
+
+
+def micro_batch_from_layout(
+    samples: Sequence[Sample], input_ids: torch.Tensor, position_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None, response_start: torch.Tensor, num_tokens: int, packed: bool,
+    first_pred: torch.Tensor | None = None,
+) -> MicroBatch:
+    """A ``MicroBatch`` from a token layout. ``response_start`` ``[B]``: flat index (into ``[rows*cols]``) of
+    each response's first token; ``first_pred`` ``[B]``: flat index of the logit predicting that token when
+    it is not the one just before it (the shared-prompt layout, where it is the prompt's last token)."""
+    resp_len = max(len(s.response_ids) for s in samples)
     j = torch.arange(resp_len).unsqueeze(0)  # [1, R]
     valid = j < torch.tensor([len(s.response_ids) for s in samples]).unsqueeze(1)  # [B, R]
-    # The logit at position p predicts token p+1, so response token j is predicted at prompt_len + j - 1.
-    pred_index = torch.where(valid, (starts + prompt_lens - 1).unsqueeze(1) + j, 0)  # [B, R]
+    # The logit at position p predicts token p+1, so response token j is predicted at response_start + j - 1.
+    pred_index = response_start.unsqueeze(1) - 1 + j  # [B, R]
+    if first_pred is not None:
+        pred_index[:, 0] = first_pred
+    pred_index = torch.where(valid, pred_index, 0)  # [B, R]
     olds = [s.old_log_prob for s in samples]
     refs = [s.ref_log_prob for s in samples]
     return MicroBatch(
@@ -179,7 +201,7 @@ def collate(samples: Sequence[Sample], packed: bool) -> MicroBatch:
         rollout_log_probs=_pad_rows([s.rollout_logprobs for s in samples], resp_len, torch.float32),
         old_log_probs=None if any(o is None for o in olds) else _pad_rows(olds, resp_len, torch.float32),
         ref_log_probs=None if any(r is None for r in refs) else _pad_rows(refs, resp_len, torch.float32),
-        num_tokens=sum(lengths),
+        num_tokens=num_tokens,
         packed=packed,
     )
 
@@ -224,6 +246,53 @@ def padded_micro_batches(lengths: Sequence[int], max_token_len: int, min_count: 
     return [sorted(p) for p in parts]
 
 
+def by_prompt(samples: Sequence[Sample]) -> list[list[int]]:
+    """Indices of ``samples`` grouped by identical ``prompt_ids``, in order of first appearance: the samples
+    the shared-prompt layout lays out behind one prompt. Keyed by the tokens, not the group id, so a sample
+    whose prompt differs from its group's is never wrongly shared."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, sample in enumerate(samples):
+        groups.setdefault(sample.prompt_ids, []).append(i)
+    return list(groups.values())
+
+
+def _shared_len(samples: Sequence[Sample], unit: Sequence[int]) -> int:  # one prompt + the unit's responses
+    return len(samples[unit[0]].prompt_ids) + sum(len(samples[i].response_ids) for i in unit)
+
+
+def shared_micro_batches(
+    samples: Sequence[Sample], max_token_len: int, min_count: int | None = None
+) -> list[list[int]]:
+    """Token-budget micro-batches for the shared-prompt layout: each holds ≤ ``max_token_len`` tokens as laid
+    out (a prompt once, then its samples' responses), at least ``min_count`` of them when given.
+
+    Units are runs of one prompt's samples that fit the budget together; verl's balanced partition spreads
+    units over the fewest micro-batches whose summed unit lengths fit. Two units of one prompt that land in
+    one micro-batch share their prompt there too, so the sum over-counts: the budget stays an upper bound.
+    """
+    longest = max(s.length for s in samples)
+    if longest > max_token_len:
+        raise ValueError(f"a {longest}-token trajectory exceeds actor.ppo_max_token_len_per_gpu={max_token_len}")
+    units: list[list[int]] = []
+    for seg in by_prompt(samples):
+        units.append([])
+        for i in seg:
+            if units[-1] and _shared_len(samples, [*units[-1], i]) > max_token_len:
+                units.append([])
+            units[-1].append(i)
+    while min_count and len(units) < min_count and any(len(u) > 1 for u in units):
+        big = max((k for k in range(len(units)) if len(units[k]) > 1), key=lambda k: _shared_len(samples, units[k]))
+        half = len(units[big]) // 2
+        units[big : big + 1] = [units[big][:half], units[big][half:]]
+    costs = [_shared_len(samples, u) for u in units]
+    count = min(len(units), max(min_count or 1, -(-sum(costs) // max_token_len)))
+    while True:  # the ceil-division count is a lower bound; units are indivisible
+        parts = get_seqlen_balanced_partitions(costs, count, equal_size=False)
+        if all(sum(costs[k] for k in part) <= max_token_len for part in parts):
+            return [sorted(i for k in part for i in units[k]) for part in parts]
+        count += 1
+
+
 def rank_partitions(lengths: Sequence[int], world_size: int) -> list[list[int]]:
     """Balanced split of items over ranks by token count (verl Karmarkar-Karp); a rank may get none
     when there are fewer items than ranks."""
@@ -261,29 +330,37 @@ class MiniBatchPlan:
 
 
 def _rank_micro_batches(
-    lengths: Sequence[int], use_dynamic_bsz: bool, packed: bool, micro_batch_size: int, max_token_len: int,
-    min_count: int,
+    items: Sequence[Sample], use_dynamic_bsz: bool, packed: bool, share_prompts: bool, micro_batch_size: int,
+    max_token_len: int, min_count: int,
 ) -> list[list[int]]:
-    if not lengths:
+    if not items:
         return []
     if use_dynamic_bsz:
         # Cut into at least `min_count` micro-batches when there are enough items, so that ranks agree
         # on the count without filler passes where possible.
+        least = min(min_count, len(items)) or None
+        if share_prompts:
+            return shared_micro_batches(items, max_token_len, least)
         cut = dynamic_micro_batches if packed else padded_micro_batches
-        return cut(lengths, max_token_len, min(min_count, len(lengths)) or None)
-    return fixed_micro_batches(len(lengths), micro_batch_size)
+        return cut([s.length for s in items], max_token_len, least)
+    if share_prompts:
+        # Chunks of the items ordered by prompt: a group's samples share micro-batches even when interleaved.
+        order = [i for seg in by_prompt(items) for i in seg]
+        return [[order[i] for i in mb] for mb in fixed_micro_batches(len(items), micro_batch_size)]
+    return fixed_micro_batches(len(items), micro_batch_size)
 
 
 def _micro_batches_all_ranks(
-    samples: Sequence[Sample], parts: list[list[int]], use_dynamic_bsz: bool, packed: bool, micro_batch_size: int,
-    max_token_len: int,
+    samples: Sequence[Sample], parts: list[list[int]], use_dynamic_bsz: bool, packed: bool, share_prompts: bool,
+    micro_batch_size: int, max_token_len: int,
 ) -> list[list[list[int]]]:
     """Micro-batches of every rank, re-cut until the count agrees (it only grows, bounded by items)."""
     count = 0
     while True:
         per_rank = [
             [[part[i] for i in mb] for mb in _rank_micro_batches(
-                [samples[i].length for i in part], use_dynamic_bsz, packed, micro_batch_size, max_token_len, count)]
+                [samples[i] for i in part], use_dynamic_bsz, packed, share_prompts, micro_batch_size,
+                max_token_len, count)]
             for part in parts
         ]
         new_count = max(len(mbs) for mbs in per_rank)
@@ -302,13 +379,20 @@ def plan_step(
     micro_batch_size: int,
     max_token_len: int,
     packed: bool = True,
+    share_prompts: bool = False,
     shuffle_seed: int | None = None,
 ) -> list[MiniBatchPlan]:
-    """The same plan on every rank: mini-batches by group, balanced across ranks, micro-batched per rank."""
+    """The same plan on every rank: mini-batches by group, balanced across ranks, micro-batched per rank.
+
+    ``share_prompts`` plans for the shared-prompt layout (``trainers.prefix``): fixed micro-batches keep
+    samples with one prompt together, token budgets count a prompt once per micro-batch. Ranks are still
+    balanced by unshared lengths, so a group may be split over ranks (each part still shares its prompt).
+    """
     plans = []
     for mini in mini_batches_by_group([s.group_id for s in samples], groups_per_mini_batch, shuffle_seed):
         parts = [[mini[i] for i in part] for part in rank_partitions([samples[i].length for i in mini], world_size)]
-        per_rank = _micro_batches_all_ranks(samples, parts, use_dynamic_bsz, packed, micro_batch_size, max_token_len)
+        per_rank = _micro_batches_all_ranks(samples, parts, use_dynamic_bsz, packed, share_prompts,
+                                            micro_batch_size, max_token_len)
         tokens = sum(sum(samples[i].response_mask) for i in mini)
         seqs = sum(1 for i in mini if any(samples[i].response_mask))
         info = GlobalBatchInfo(dp_size=world_size, batch_num_tokens=max(tokens, 1), global_batch_size=max(seqs, 1))

@@ -17,9 +17,18 @@ import torch.distributed as dist
 
 from agents.records import Trajectory
 from configs.actor import ActorConfig
-from trainers.batching import MiniBatchPlan, Sample, collate, filler, plan_step, samples_from_trajectories
+from trainers.batching import (
+    MicroBatch,
+    MiniBatchPlan,
+    Sample,
+    collate,
+    filler,
+    plan_step,
+    samples_from_trajectories,
+)
 from trainers.grpo import LossInputs, grpo_loss, sequence_advantages, truncated_is_weights, verl_actor_config
 from trainers.model import response_logprobs
+from trainers.prefix import collate_shared
 
 # Partial sums of a global mini-batch mean (verl normalisation): reduce by SUM, divide by dp_size.
 _GLOBAL_SUMS = ("pg_loss", "entropy", "kl_loss")
@@ -40,8 +49,10 @@ class StepSettings:
     seed: int
 
 
-def _micro_samples(samples: list[Sample], plan: MiniBatchPlan, indices: list[int]) -> list[Sample]:
-    return [samples[i] for i in indices] if indices else [filler(samples[plan.filler_index])]
+def _collate(samples: list[Sample], plan: MiniBatchPlan, indices: list[int], s: StepSettings) -> MicroBatch:
+    """One micro-batch (a filler copy when this rank has none left) in the configured layout."""
+    items = [samples[i] for i in indices] if indices else [filler(samples[plan.filler_index])]
+    return collate_shared(items) if s.actor.use_prefix_grouper else collate(items, s.packed)
 
 
 @torch.no_grad()
@@ -50,7 +61,7 @@ def recompute_log_probs(model, samples: list[Sample], plans: list[MiniBatchPlan]
     out = list(samples)
     for plan in plans:
         for indices in plan.micro_batches:
-            mb = collate(_micro_samples(samples, plan, indices), s.packed)
+            mb = _collate(samples, plan, indices, s)
             old, _ = response_logprobs(model, mb, s.device, s.temperature, with_entropy=False)
             ref = None
             if s.actor.use_kl_loss:
@@ -85,7 +96,7 @@ def _loss_inputs(model, mb, s: StepSettings) -> tuple[LossInputs, int]:
 def _update(model, optimizer, samples, plan, s: StepSettings, verl_cfg, sums: dict[str, float]) -> float:
     """One mini-batch: accumulate micro-batch gradients, clip, step. Returns the gradient norm."""
     for indices in plan.micro_batches:
-        mb = collate(_micro_samples(samples, plan, indices), s.packed)
+        mb = _collate(samples, plan, indices, s)
         inputs, tokens = _loss_inputs(model, mb, s)
         loss, metrics = grpo_loss(verl_cfg, inputs, plan.info)
         loss.backward()
@@ -140,7 +151,7 @@ def train_step(
     plans = plan_step(
         samples, rank=rank, world_size=world, groups_per_mini_batch=actor.ppo_mini_batch_size,
         use_dynamic_bsz=actor.use_dynamic_bsz, micro_batch_size=actor.micro_batch_size,
-        max_token_len=actor.ppo_max_token_len_per_gpu, packed=s.packed,
+        max_token_len=actor.ppo_max_token_len_per_gpu, packed=s.packed, share_prompts=actor.use_prefix_grouper,
         shuffle_seed=s.seed + step if actor.shuffle else None,
     )
     model.eval()  # no dropout in the recompute pass (LoRA dropout is 0; base dropout follows the HF config)

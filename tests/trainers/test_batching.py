@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from trainers.batching import (
     plan_step,
     rank_partitions,
     samples_from_trajectories,
+    shared_micro_batches,
 )
 
 from .conftest import make_trajectories
@@ -69,8 +71,6 @@ def test_collate_padded_layout():
 
 
 def test_collate_carries_recomputed_log_probs():
-    from dataclasses import replace
-
     a = replace(A, old_log_prob=torch.tensor([-1.0, -2.0, -3.0]))
     b = replace(B, old_log_prob=torch.tensor([-4.0]))
     assert collate([a, b], packed=True).old_log_probs.tolist() == [[-1.0, -2.0, -3.0], [-4.0, 0.0, 0.0]]
@@ -149,3 +149,57 @@ def test_every_rank_plans_the_same_number_of_micro_batches(dynamic, packed):
             assert all(sum(samples[i].length for i in mb) <= 48 for mb in mbs)
         if dynamic and not packed:
             assert all(len(mb) * max(samples[i].length for i in mb) <= 48 for mb in mbs)
+
+
+def _group_samples(spec: list[tuple[int, int]], seed: int = 0) -> list[Sample]:
+    """One sample per (prompt, response length) in ``spec``; samples with equal prompt numbers share a prompt."""
+    rng = random.Random(seed)
+    prompts = {p: tuple(rng.randrange(100) for _ in range(rng.randint(4, 12))) for p, _ in spec}
+    return [Sample(prompts[p], tuple(range(1, r + 1)), (1,) * r, (0.0,) * r, 0.0, f"g{p}") for p, r in spec]
+
+
+@settings(max_examples=40, deadline=None)
+@given(spec=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 20)), min_size=1, max_size=24),
+       budget=st.integers(32, 128), min_count=st.integers(0, 6))
+def test_shared_micro_batches_respect_the_budget_as_laid_out(spec, budget, min_count):
+    from trainers.prefix import collate_shared
+
+    samples = _group_samples(spec)
+    parts = shared_micro_batches(samples, budget, min_count or None)
+    assert sorted(i for p in parts for i in p) == list(range(len(samples)))
+    assert all(collate_shared([samples[i] for i in p]).num_tokens <= budget for p in parts)
+    assert len(parts) >= min(min_count, len(samples))
+
+
+def test_shared_micro_batches_keep_a_group_together_when_it_fits():
+    # Two groups of 4 with 10-token prompts and 5-token responses: 30 tokens each as laid out, 60 unshared.
+    samples = _group_samples([(0, 5)] * 4 + [(1, 5)] * 4)
+    samples = [replace(s, prompt_ids=tuple(range(10 * int(s.group_id[1]), 10 * int(s.group_id[1]) + 10)))
+               for s in samples]
+    assert shared_micro_batches(samples, 64) == [[0, 1, 2, 3, 4, 5, 6, 7]]
+    assert sorted(shared_micro_batches(samples, 40)) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert len(dynamic_micro_batches([s.length for s in samples], 64)) == 2  # unshared: 8 × 15 tokens
+    with pytest.raises(ValueError, match="ppo_max_token_len_per_gpu=12"):
+        shared_micro_batches(samples, 12)
+
+
+def test_fixed_micro_batches_with_shared_prompts_keep_groups_together():
+    # A rank's share interleaves two groups; with shared prompts its micro-batches hold one prompt each.
+    samples = _group_samples([(0, 3), (1, 3), (0, 4), (1, 4), (0, 5), (1, 5)])
+    groups = [{samples[i].group_id for i in mb}
+              for plan in plan_step(samples, rank=0, world_size=1, groups_per_mini_batch=2, use_dynamic_bsz=False,
+                                    micro_batch_size=3, max_token_len=1000, share_prompts=True)
+              for mb in plan.micro_batches]
+    assert groups == [{"g0"}, {"g1"}]
+
+
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_every_rank_plans_the_same_number_of_shared_micro_batches(dynamic):
+    trajs = make_trajectories(6, 4, seed=1)
+    samples = samples_from_trajectories(trajs, [0.0] * len(trajs), 64)
+    plans = [plan_step(samples, rank=r, world_size=3, groups_per_mini_batch=2, use_dynamic_bsz=dynamic,
+                       micro_batch_size=2, max_token_len=48, share_prompts=True) for r in range(3)]
+    for mini in range(3):
+        assert len({len(plans[r][mini].micro_batches) for r in range(3)}) == 1
+        items = sorted(i for r in range(3) for mb in plans[r][mini].micro_batches for i in mb)
+        assert items == list(range(mini * 8, mini * 8 + 8))

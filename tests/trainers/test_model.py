@@ -12,7 +12,7 @@ from verl.utils.torch_functional import entropy_from_logits
 
 from configs import load_config
 from trainers.batching import collate, samples_from_trajectories
-from trainers.grpo import sequence_advantages
+from trainers.grpo import logprobs_from_logits, sequence_advantages
 from trainers.model import build_policy, gather_adapter, response_logprobs
 from trainers.step import StepSettings, train_step
 from trainers.worker import build_optimizer, make_scheduler
@@ -60,6 +60,24 @@ def test_packed_padded_and_one_by_one_log_probs_agree(one_rank, grpo_model_dir):
         torch.testing.assert_close(padded[row, :n], lp, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(ent[row, :n], h, atol=1e-5, rtol=1e-5)
         assert packed[row, n:].abs().sum() == 0
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("packed", [True, False])
+def test_logits_only_where_needed_equal_the_full_logits_exactly(one_rank, grpo_model_dir, packed):
+    cfg = _cfg(grpo_model_dir)
+    model = build_policy(cfg.actor_rollout_ref.model, cfg.actor_rollout_ref.actor.fsdp_config, CPU, seed=1)
+    samples = samples_from_trajectories(make_trajectories(2, 4, seed=11), [0.0] * 8, 32)
+    mb = collate(samples, packed=packed)
+    assert not packed or mb.input_ids.shape[0] < len(samples)  # some rows hold several sequences
+    # The computation before ``logits_to_keep``: logits at every position, then the response positions.
+    logits = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=mb.attention_mask,
+                   use_cache=False).logits  # a cache would turn off transformers' packed-sequence mask
+    rows = logits.reshape(-1, logits.shape[-1])[mb.pred_index[mb.valid]].float() / 0.7  # [M, V]
+    expected = torch.zeros(mb.valid.shape)
+    expected[mb.valid] = logprobs_from_logits(rows, mb.labels[mb.valid])
+    got, _ = response_logprobs(model, mb, CPU, 0.7, with_entropy=False)
+    assert torch.equal(got, expected)
 
 
 @torch.no_grad()
