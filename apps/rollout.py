@@ -194,22 +194,34 @@ def args_from_config(cfg: TandemConfig) -> RolloutAppArgs:
     )
 
 
-def deploy_rollout_app(cfg: TandemConfig, *, blocking: bool = False) -> DeploymentHandle:
-    """Deploy (or update) the rollout app on the connected Ray cluster; returns the ``RolloutServer`` handle.
+def deploy_rollout_app(
+    cfg: TandemConfig, *, blocking: bool = False, base: AdapterRef = AdapterRef(version=0), wait_s: float = 120.0
+) -> DeploymentHandle:
+    """Deploy (or update) the rollout app on the connected Ray cluster; returns the ``RolloutServer`` handle
+    once every replica samples with ``base``, the run's policy version 0 (the base model, or with a path
+    the saved adapter the run starts from).
 
     A new app starts at policy version 0: a registry left by an earlier app of that name (a run that
-    died before ``delete_rollout_app``) is dropped first.
+    died before ``delete_rollout_app``) is dropped first, and the new one starts at ``base``, so replicas
+    load it before they serve. An app that was already running is reset to ``base``.
     """
     serve_cfg = cfg.serve
     serve.start(http_options={"host": serve_cfg.host, "port": serve_cfg.port})
+    registry = None
     if serve_cfg.app_name not in serve.status().applications:
         drop_adapter_registry(serve_cfg.app_name)
+        if base.path:  # no replica yet: returns at once, and each replica loads ``base`` in its constructor
+            registry = get_adapter_registry(serve_cfg.app_name)
+            ray.get(registry.reset.remote(wait_s, base))
     serve.run(
         build_app(args_from_config(cfg)),
         name=serve_cfg.app_name,
         route_prefix=serve_cfg.route_prefix,
         blocking=blocking,
     )
+    # every live replica on ``base`` (at once for replicas that loaded it starting; an updated app swaps)
+    registry = registry or get_adapter_registry(serve_cfg.app_name)
+    ray.get(registry.reset.remote(wait_s, base))
     return rollout_handle(serve_cfg.app_name)
 
 
@@ -227,13 +239,16 @@ def delete_rollout_app(app_name: str) -> None:
     drop_adapter_registry(app_name)
 
 
-def attach_rollout_app(app_name: str, wait_s: float = 120.0) -> DeploymentHandle:
-    """The handle of an app deployed beforehand (``serve deploy``), its replicas back on the base model.
+def attach_rollout_app(
+    app_name: str, wait_s: float = 120.0, base: AdapterRef = AdapterRef(version=0)
+) -> DeploymentHandle:
+    """The handle of an app deployed beforehand (``serve deploy``), every replica sampling with ``base``.
 
-    Such an app outlives training runs: each run starts at policy version 0 (``AdapterRegistry.reset``),
-    so its first publish (version 1) is newer than what the previous run left. One run at a time.
+    Such an app outlives training runs: each run starts at policy version 0 (``AdapterRegistry.reset``):
+    the base model, or with a path the saved adapter the run starts from; its first publish (version 1)
+    is newer than what the previous run left. One run at a time.
     """
-    ray.get(get_adapter_registry(app_name).reset.remote(wait_s))
+    ray.get(get_adapter_registry(app_name).reset.remote(wait_s, base))
     return rollout_handle(app_name)
 
 

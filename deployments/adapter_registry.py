@@ -8,8 +8,9 @@ rollouts silently keep sampling the old policy (verl #7495) shows up as a ``Time
 lagging replicas, not as quietly stale data.
 
 A new training run on an app that outlives runs (deployed with ``serve deploy``) starts with
-``reset``: every replica goes back to the base model and versions count from 1 again. Replicas follow
-the registry's ref exactly (version and path), so they also follow it back.
+``reset``: every replica goes back to the run's starting policy, version 0 (the base model, or the saved
+adapter the run starts from), and published versions count from 1 again. Replicas follow the registry's
+ref exactly (version and path), so they also follow it back.
 
 Liveness is by heartbeat: a replica that has not called in for ``liveness_s`` is presumed gone (killed,
 downscaled) and is not waited for. The registry outlives its creator (detached); whoever deletes the
@@ -58,17 +59,21 @@ class AdapterRegistry:
             self._set_latest(ref)
         return await self.wait_loaded(ref.version, wait_s)
 
-    async def reset(self, wait_s: float = 120.0) -> dict[str, int]:
-        """Back to the base model (version 0) for a new training run; returns once every live replica is."""
-        self._set_latest(AdapterRef(version=0))
+    async def reset(self, wait_s: float = 120.0, base: AdapterRef = AdapterRef(version=0)) -> dict[str, int]:
+        """Back to ``base``, the new training run's starting policy (version 0: the base model, or with a
+        path the saved adapter it starts from); returns once every live replica samples with it."""
+        if base.version != 0:
+            raise ValueError(f"reset to adapter version {base.version} ({base.path!r}): a run starts at version 0")
+        self._set_latest(base)
         deadline = time.monotonic() + wait_s
         while True:
             live = self.live_replicas()
-            lagging = sorted(r for r in live if self._loaded[r] != (0, ""))
+            lagging = sorted(r for r in live if self._loaded[r] != (0, base.path))
             if not lagging:
                 return live
             if time.monotonic() > deadline:
-                raise TimeoutError(f"replica(s) {lagging} still sample with an adapter {wait_s}s after a reset")
+                raise TimeoutError(f"replica(s) {lagging} do not sample with version 0 ({base.path!r}) {wait_s}s "
+                                   f"after a reset (loaded: {sorted(self._loaded[r] for r in lagging)})")
             await asyncio.sleep(0.05)
 
     def _set_latest(self, ref: AdapterRef) -> None:
@@ -79,7 +84,7 @@ class AdapterRegistry:
 
     async def wait_newer(self, replica_id: str, version: int, timeout_s: float, path: str = "") -> AdapterRef | None:
         """Long poll: the newest ref once it differs from the replica's ``(version, path)``; None after
-        ``timeout_s``. (It differs by being newer, or by a ``reset`` to the base model.)"""
+        ``timeout_s``. (It differs by being newer, or by a ``reset`` to a run's version 0.)"""
         self.heartbeat(replica_id, version, path)
         deadline = time.monotonic() + timeout_s
         while (self._latest.version, self._latest.path) == (version, path):

@@ -5,7 +5,9 @@ row's ``n`` samples as concurrent asyncio tasks (at most ``max_concurrent_episod
 generate goes through the ``RolloutServer`` DeploymentHandle with the trajectory id on the request, so
 the sticky router keeps a trajectory on one replica. When all samples of a row are done, the group
 (n ``Trajectory``s sharing a ``group_id``) is sent to the sink (``sink.put_group.remote(group)``), so the
-trainer can start on early groups while slow ones still run.
+trainer can start on early groups while slow ones still run. ``validate_rows`` runs validation rows through the
+same loops, tools and rollout app with the validation sampling, and returns them scored instead of feeding the
+trainer.
 
 Tracing is injected as a factory (``apps.tracing`` builds the mlflow tracer): this layer never imports mlflow.
 """
@@ -17,7 +19,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -30,7 +32,7 @@ from agents.data.rows import DatasetRow
 from agents.loops import AgentContext, Episode, EpisodeResult, LoopLimits, episodes_for_row, run_episode
 from agents.loops.tracing import NullTracer, Tracer
 from agents.parsers import parse_tool_calls
-from agents.records import GenerateRequest, GenerateResult, SamplingParams, Trajectory
+from agents.records import GenerateRequest, GenerateResult, SamplingParams, ScoredSample, Trajectory
 from agents.tools.registry import load_tools
 
 MAX_ACTOR_CONCURRENCY = 10_000  # run_rows calls and their episodes all live on the actor's event loop
@@ -119,6 +121,7 @@ class AgentWorkerImpl:
         from transformers import AutoTokenizer  # heavy; only inside the worker process
 
         tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer_path)
+        self.tokenizer = tokenizer
         self.spec = spec
         self.sink = sink
         self.run_id = run_id or uuid.uuid4().hex[:8]
@@ -172,6 +175,33 @@ class AgentWorkerImpl:
         started = time.perf_counter()
         groups = await asyncio.gather(*(self._group(row, step, i, ids[i]) for i, row in enumerate(parsed)))
         return group_stats(groups, time.perf_counter() - started)
+
+    async def validate_rows(self, rows: Sequence[DatasetRow | dict[str, Any]], group_ids: Sequence[str], *, n: int,
+                            sampling: SamplingParams, step: int) -> list[ScoredSample]:
+        """Run ``n`` episodes of every row with ``sampling`` (validation's ``val_kwargs``) and return them scored
+        and decoded, in row order; nothing goes to the trainer."""
+        parsed = [r if isinstance(r, DatasetRow) else DatasetRow.model_validate(r) for r in rows]
+        if len(group_ids) != len(parsed):
+            raise ValueError(f"validate_rows: {len(parsed)} rows but {len(group_ids)} group_ids")
+        sampling = replace(sampling, stop_token_ids=self.sampling.stop_token_ids)
+
+        async def one_row(row: DatasetRow, group_id: str) -> list[ScoredSample]:
+            episodes = episodes_for_row(row, n, sampling, group_id=group_id, step=step,
+                                        default_agent_loop=self.spec.default_agent_loop)
+            results = await asyncio.gather(*(self._episode(e) for e in episodes))
+            return [self._scored(row, r.trajectory) for r in results]
+
+        groups = await asyncio.gather(*(one_row(row, gid) for row, gid in zip(parsed, group_ids)))
+        return [sample for group in groups for sample in group]
+
+    def _scored(self, row: DatasetRow, trajectory: Trajectory) -> ScoredSample:
+        decode = partial(self.tokenizer.decode, skip_special_tokens=True)  # as verl decodes its dumps
+        return ScoredSample(
+            data_source=row.data_source, uid=trajectory.group_id, input=decode(list(trajectory.prompt_ids)),
+            output=decode(list(trajectory.response_ids)), score=trajectory.reward,
+            ground_truth=row.reward_model.ground_truth, reward_extra=dict(trajectory.reward_extra),
+            num_turns=trajectory.num_turns, num_tool_calls=trajectory.num_tool_calls,
+        )
 
     def flush_traces(self) -> None:
         """Write out traces still queued (call before reading them, or before the worker exits)."""

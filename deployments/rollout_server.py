@@ -115,7 +115,7 @@ class RolloutServer:
         self.replica_id = replica_id
         self.actor_name = ""  # the Ray actor's name when running as a Serve replica
         self.policy_version = 0
-        self.adapter_path = ""  # of the adapter sampling now ("" = base model)
+        self.adapter_path = ""  # of the adapter sampling now ("" = base model; version 0 may have one)
         self._gate = _VersionGate()
         self._swaps_while_generating = bool(getattr(engine, "swaps_while_generating", False))
         self._swap_lock = asyncio.Lock()
@@ -149,7 +149,7 @@ class RolloutServer:
         between steps itself); returns the version."""
         async with self._swap_lock if self._swaps_while_generating else self._gate.swapping():
             await self.engine.load_adapter(ref)
-            self.policy_version, self.adapter_path = ref.version, ref.path if ref.version else ""
+            self.policy_version, self.adapter_path = ref.version, ref.path
         self.metrics.set_adapter_version(ref.version)
         logger.info("replica %s now samples with policy version %d (%s)", self.replica_id, ref.version, ref.path)
         return self.policy_version
@@ -176,9 +176,9 @@ class RolloutServer:
         return {"replica_id": self.replica_id, "actor_name": self.actor_name, **self.record_routing_stats()}
 
     async def follow(self, registry: ActorHandle, poll_s: float = 2.0, heartbeat_s: float = 1.0) -> None:
-        """Load the newest published adapter now, then keep loading newer ones in the background."""
+        """Load the registry's adapter now, then keep loading newer ones in the background."""
         ref = await registry.latest.remote()
-        if ref.version != self.policy_version:
+        if (ref.version, ref.path) != (self.policy_version, self.adapter_path):  # version 0 may be an adapter
             await self.load_adapter(ref)
         await registry.heartbeat.remote(self.replica_id, self.policy_version, self.adapter_path)
         self._background = [

@@ -3,7 +3,8 @@
 Pure tensor code, no event loop: ``sample_next`` samples one token per row with that row's own
 settings and generator; ``merge_batches`` / ``keep_rows`` add and drop rows of a running batch whose
 rows are right-aligned in one ``DynamicCache`` (shorter rows left-padded with zeros the mask hides);
-``GrowingLayer`` is that cache's layer, appending a decode step's keys and values in place.
+``GrowingLayer`` is that cache's layer, appending a decode step's keys and values in place;
+``repeat_rows`` copies a prefilled row to the requests that share its prompt.
 """
 
 from __future__ import annotations
@@ -170,6 +171,17 @@ def merge_batches(parts: Sequence[RunningBatch]) -> RunningBatch:
         attention_mask=torch.cat([_pad_left(p.attention_mask, length, 1) for p in parts], dim=0),
         next_ids=torch.cat([p.next_ids for p in parts]),
     )
+
+
+def repeat_rows(cache: DynamicCache, index: torch.Tensor) -> None:
+    """Row ``i`` of every layer becomes old row ``index[i]`` (index [B'] -> keys/values [B', H, T, D]).
+
+    Indexing copies, and assigning a ``GrowingLayer``'s keys/values starts a new buffer, so rows that
+    repeat one source row own separate memory: appending to one in place leaves the others alone.
+    """
+    for layer in cache.layers:
+        layer.keys = layer.keys[index.to(layer.keys.device)]
+        layer.values = layer.values[index.to(layer.values.device)]
 
 
 def keep_rows(batch: RunningBatch, rows: list[int]) -> RunningBatch | None:

@@ -13,6 +13,10 @@ So this engine batches at the step level itself (sampling and cache bookkeeping:
   length (no padding, so a prompt's prefill is exactly the unbatched forward), then merged into the
   running batch's ``DynamicCache``: rows are right-aligned, shorter rows left-padded with zero keys and
   values that the attention mask hides. Finished rows are dropped and all-padding columns trimmed.
+- Identical prompts admitted together (a GRPO group's n samples of one prompt) are prefilled once: that
+  row's KV cache and last logits are copied to the others, which then sample their own first token.
+  The forward of the distinct prompts is the same unpadded forward, so outputs do not change
+  (``stats``: ``prefill_tokens`` computed, ``prefill_tokens_shared`` copied instead).
 - Each row samples with its own temperature / top-k / top-p and its own ``torch.Generator`` (seeded
   from ``SamplingParams.seed``), so a seeded request is reproducible whatever it is batched with.
 - Log-probs are those of the sampled tokens under the raw model distribution (``log_softmax`` of the
@@ -43,7 +47,7 @@ from agents.records import AdapterRef, SamplingParams
 from deployments.engines.base import EngineOutput, PromptTooLong
 from deployments.engines.hf_attention import ATTENTION
 from deployments.engines.hf_batch import (RequestState, RunningBatch, growing_cache, keep_rows, merge_batches,
-                                          sample_next)
+                                          repeat_rows, sample_next)
 
 DType = Literal["float32", "bfloat16", "float16"]
 SwapMode = Literal["drain", "interrupt"]
@@ -106,8 +110,8 @@ class HFEngine:
         self._batch: RunningBatch | None = None
         self._wake: asyncio.Event | None = None
         self._loop_task: asyncio.Task | None = None
-        self._stats = {"steps": 0, "decode_rows": 0, "max_batch_size": 0, "prefill_tokens": 0, "generated_tokens": 0,
-                       "interrupted_rows": 0, "recomputed_tokens": 0}
+        self._stats = {"steps": 0, "decode_rows": 0, "max_batch_size": 0, "prefill_tokens": 0,
+                       "prefill_tokens_shared": 0, "generated_tokens": 0, "interrupted_rows": 0, "recomputed_tokens": 0}
 
     @property
     def swaps_while_generating(self) -> bool:
@@ -121,7 +125,8 @@ class HFEngine:
 
     @property
     def stats(self) -> dict[str, int]:
-        """Counters: steps, decode_rows (sum of batch sizes), max_batch_size, prefill/generated tokens."""
+        """Counters: steps, decode_rows (sum of batch sizes), max_batch_size, prefill tokens computed and
+        shared (copied from an identical prompt's row), generated tokens, interrupted/recomputed."""
         return dict(self._stats)
 
     # ------------------------------------------------------------------ public API (event loop)
@@ -157,8 +162,8 @@ class HFEngine:
         return await request.future
 
     async def load_adapter(self, ref: AdapterRef) -> None:
-        """Sample with ``ref`` from now on (version 0 = base model): after the running requests finish
-        (``drain``), or from the next decode step on (``interrupt``)."""
+        """Sample with ``ref`` from now on (version 0 without a path = the base model): after the running
+        requests finish (``drain``), or from the next decode step on (``interrupt``)."""
         future = asyncio.get_running_loop().create_future()
         self._swaps.append((ref, future))
         self._notify()
@@ -298,22 +303,42 @@ class HFEngine:
         self._stats["max_batch_size"] = max(self._stats["max_batch_size"], len(batch.requests))
         batch.next_ids = self._append(batch.requests, out.logits[:, -1])
 
-    def _forward_unpadded(self, sequences: list[list[int]]) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
+    @staticmethod
+    def _distinct_rows(sequences: list[list[int]]) -> tuple[list[int], list[int]]:
+        """(index of the first occurrence of each distinct sequence, for each sequence its distinct row)."""
+        row_of: dict[tuple[int, ...], int] = {}
+        distinct: list[int] = []
+        for i, sequence in enumerate(map(tuple, sequences)):
+            if sequence not in row_of:
+                row_of[sequence] = len(distinct)
+                distinct.append(i)
+        return distinct, [row_of[tuple(sequence)] for sequence in sequences]
+
+    def _forward_unpadded(self, sequences: list[list[int]]) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, int]:
         """Forward sequences of equal length together; no padding, so each row equals its solo forward.
 
-        Returns their cache, its attention mask [b, L] and the logits of the last position [b, V].
+        Each distinct sequence is forwarded once; duplicates get copies of its cache row and logits.
+        Returns the cache, its attention mask [b, L], the logits of the last position [b, V] and the
+        number of tokens forwarded.
         """
-        input_ids = torch.tensor(sequences)  # [b, L]
-        mask = torch.ones_like(input_ids)
+        distinct, rows = self._distinct_rows(sequences)
+        input_ids = torch.tensor([sequences[i] for i in distinct], device=self.device)  # [u, L]
         cache = growing_cache(self._model.config)
-        out = self._model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
-                          past_key_values=cache, use_cache=True, logits_to_keep=1)
-        return cache, mask, out.logits[:, -1]
+        out = self._model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), past_key_values=cache,
+                          use_cache=True, logits_to_keep=1)
+        logits = out.logits[:, -1]  # [u, V]
+        if len(distinct) < len(sequences):
+            index = torch.tensor(rows)  # [b] distinct row of each sequence
+            repeat_rows(cache, index)
+            logits = logits[index.to(logits.device)]  # [b, V]
+        mask = torch.ones(len(sequences), input_ids.shape[1], dtype=torch.long)  # [b, L]
+        return cache, mask, logits, input_ids.numel()
 
     def _prefill(self, group: list[RequestState]) -> RunningBatch:
         """Prompts of equal length, prefilled together; samples each one's first token."""
-        cache, mask, logits = self._forward_unpadded([r.prompt_ids for r in group])
-        self._stats["prefill_tokens"] += mask.numel()
+        cache, mask, logits, computed = self._forward_unpadded([r.prompt_ids for r in group])
+        self._stats["prefill_tokens"] += computed
+        self._stats["prefill_tokens_shared"] += mask.numel() - computed
         return RunningBatch(group, cache, mask, self._append(group, logits))
 
     @torch.inference_mode()
@@ -330,10 +355,10 @@ class HFEngine:
                 by_length.setdefault(len(request.prompt_ids) + len(request.token_ids) - 1, []).append(request)
         parts = []
         for group in by_length.values():
-            cache, mask, _ = self._forward_unpadded([r.prompt_ids + r.token_ids[:-1] for r in group])
+            cache, mask, _, computed = self._forward_unpadded([r.prompt_ids + r.token_ids[:-1] for r in group])
             parts.append(RunningBatch(group, cache, mask, torch.tensor([r.token_ids[-1] for r in group])))
             self._stats["interrupted_rows"] += len(group)
-            self._stats["recomputed_tokens"] += mask.numel()
+            self._stats["recomputed_tokens"] += computed
         return merge_batches(parts) if parts else None
 
     def _append(self, requests: list[RequestState], logits: torch.Tensor) -> torch.Tensor:
@@ -353,10 +378,14 @@ class HFEngine:
         return torch.tensor(tokens)
 
     def _set_adapter(self, ref: AdapterRef) -> None:
-        """Point the model at ``ref``'s adapter; called between steps (no forward pass is running)."""
+        """Point the model at ``ref``'s adapter; called between steps (no forward pass is running).
+
+        Version 0 is the run's starting policy: the base model, or the saved adapter a run starts from
+        (``ref.path`` set), loaded like any published one.
+        """
         from peft import PeftModel
 
-        if ref.version == 0:
+        if not ref.path:  # version 0, base model (AdapterRef: a version > 0 always has a path)
             if self._adapter_name is not None:
                 self._model.base_model.disable_adapter_layers()
             self.version = 0

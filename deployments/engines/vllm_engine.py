@@ -6,7 +6,9 @@ log-prob of each sampled token (``SamplingParams.logprobs=0``) under vLLM's defa
 ``logprobs_mode="raw_logprobs"``, i.e. the raw model distribution before temperature / top-k / top-p:
 the same quantity ``HFEngine`` reports.
 
-LoRA: adapters are ``LoRARequest(name, lora_int_id=version, path)``. A request keeps the adapter it
+LoRA: adapters are ``LoRARequest(name, lora_int_id, path)`` with a fresh id per load: vLLM caches an
+adapter by its id, so reusing a version's id (a new run after a registry reset publishes version 1 again,
+and version 0 may be a saved adapter) would keep sampling the old weights. A request keeps the adapter it
 was submitted with, so in-flight requests finish on the old version while new ones start on the new
 one; each output reports the version it was submitted under. A swap therefore never waits for running
 generations (``swaps_while_generating``: ``RolloutServer`` skips its drain), and every token of an
@@ -82,6 +84,7 @@ class VLLMEngine:
         self.max_model_len = int(self._engine.model_config.max_model_len)
         self.version = 0
         self._lora_request = None
+        self._loads = 0  # LoRA ids handed out (vLLM needs ids >= 1, unique per adapter)
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams, request_id: str) -> EngineOutput:
         from vllm import SamplingParams as VLLMSamplingParams
@@ -120,13 +123,16 @@ class VLLMEngine:
         )
 
     async def load_adapter(self, ref: AdapterRef) -> None:
-        """New requests sample with ``ref`` (version 0 = base); the adapter is loaded before returning."""
+        """New requests sample with ``ref`` (version 0 without a path = the base model; version 0 with a
+        path = the saved adapter the run starts from); the adapter is loaded before returning."""
         from vllm.lora.request import LoRARequest
 
-        if ref.version == 0:
+        if not ref.path:  # version 0, base model (AdapterRef: a version > 0 always has a path)
             self._lora_request, self.version = None, 0
             return
-        request = LoRARequest(lora_name=f"policy_v{ref.version}", lora_int_id=ref.version, lora_path=ref.path)
+        self._loads += 1
+        request = LoRARequest(lora_name=f"policy_v{ref.version}_{self._loads}", lora_int_id=self._loads,
+                              lora_path=ref.path)
         # add_lora loads it now, so a bad adapter fails here and not on the next generate
         await self._engine.add_lora(request)
         self._lora_request, self.version = request, ref.version

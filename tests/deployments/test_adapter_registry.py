@@ -62,3 +62,64 @@ def test_reset_takes_following_replicas_back_to_the_base_model_for_a_new_run(ray
     assert [(r.policy_version, r.token_ids) for r in after_reset] == [(0, base.token_ids)] * 2
     assert second_run == {"r0": 1, "r1": 1}  # version 1 is newer than the reset's 0: accepted
     assert again.policy_version == 1
+
+
+def test_a_run_can_start_from_a_saved_adapter_as_version_0(ray_cluster, tiny_model_dir, adapter_paths):
+    """``reset(base=AdapterRef(0, path))``: replicas (also one that starts later) sample with that adapter at
+    version 0, the run's first publish (v1) is accepted, and a plain reset takes them back to the base model."""
+    import asyncio
+
+    from agents.records import GenerateRequest, SamplingParams
+    from deployments.adapter_registry import AdapterRegistry
+    from deployments.engines.hf_engine import HFEngine
+    from deployments.rollout_server import RolloutServer
+
+    registry = AdapterRegistry.options(name="start-adapter-test", namespace="tandem-tests").remote()
+    start = AdapterRef(0, str(adapter_paths[1]))
+    request = GenerateRequest((5, 6, 7), SamplingParams(temperature=0.0, max_new_tokens=8))
+
+    def server(i: int) -> RolloutServer:
+        return RolloutServer(HFEngine(str(tiny_model_dir), max_model_len=64), replica_id=f"r{i}")
+
+    async def scenario():
+        servers = [server(0)]
+        await servers[0].follow(registry, poll_s=0.5)
+        base = await servers[0].generate(request)
+        with pytest.raises(ValueError, match="a run starts at version 0"):
+            await registry.reset.remote(5.0, AdapterRef(1, str(adapter_paths[1])))
+        reset = await registry.reset.remote(30.0, start)
+        servers.append(server(1))  # started after the reset (autoscaling): loads the start adapter first
+        await servers[1].follow(registry, poll_s=0.5)
+        started = [await s.generate(request) for s in servers]
+        paths = [s.adapter_path for s in servers]
+        first_publish = await registry.publish.remote(AdapterRef(1, str(adapter_paths[2])), 30.0)
+        v1 = await servers[1].generate(request)
+        back = await registry.reset.remote(30.0)
+        after = [await s.generate(request) for s in servers]
+        for s in servers:
+            await s.close(registry)
+        return base, reset, started, paths, first_publish, v1, back, after
+
+    base, reset, started, paths, first_publish, v1, back, after = asyncio.run(scenario())
+    reference = asyncio.run(_generate_with(tiny_model_dir, AdapterRef(1, str(adapter_paths[1])), request))
+    ray.kill(registry)
+    assert reset == {"r0": 0}
+    assert paths == [start.path] * 2
+    assert [(r.policy_version, r.token_ids) for r in started] == [(0, reference.token_ids)] * 2
+    assert started[0].token_ids != base.token_ids
+    assert first_publish == {"r0": 1, "r1": 1}
+    assert v1.policy_version == 1 and v1.token_ids not in (base.token_ids, reference.token_ids)
+    assert back == {"r0": 0, "r1": 0}
+    assert [(r.policy_version, r.token_ids) for r in after] == [(0, base.token_ids)] * 2
+
+
+async def _generate_with(model_dir, ref: AdapterRef, request):
+    """What an engine that loaded ``ref`` as a published version samples for ``request``."""
+    from deployments.engines.hf_engine import HFEngine
+
+    engine = HFEngine(str(model_dir), max_model_len=64)
+    try:
+        await engine.load_adapter(ref)
+        return await engine.generate(request.prompt_ids, request.sampling, "reference")
+    finally:
+        await engine.close()

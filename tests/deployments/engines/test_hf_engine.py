@@ -33,7 +33,8 @@ async def _generate_all(engine: HFEngine, prompts, sampling: SamplingParams, tag
 
 
 async def _with_engine(model_dir: Path, body, **kwargs):
-    engine = HFEngine(str(model_dir), max_model_len=kwargs.pop("max_model_len", 256), **kwargs)
+    engine_class = kwargs.pop("engine", HFEngine)
+    engine = engine_class(str(model_dir), max_model_len=kwargs.pop("max_model_len", 256), **kwargs)
     try:
         return await body(engine)
     finally:
@@ -160,6 +161,36 @@ def test_seeds_reproduce_alone_and_in_a_batch(tiny_model_dir: Path) -> None:
     assert alone.token_ids != other_seed.token_ids
 
 
+class _NoDedupeEngine(HFEngine):
+    """HFEngine forwarding every prompt of an admitted group, duplicates included (the path before dedupe)."""
+
+    @staticmethod
+    def _distinct_rows(sequences):
+        return list(range(len(sequences))), list(range(len(sequences)))
+
+
+def test_identical_prompts_are_prefilled_once_and_sample_as_if_not(tiny_model_dir: Path) -> None:
+    """A GRPO group: n requests with one prompt at once. Same outputs as forwarding each, 2 prefills not 11."""
+    twin = [t + 40 for t in PROMPTS[2]]  # another prompt of the same length: prefilled in the same group
+    prompts = [PROMPTS[2]] * 4 + [twin] * 3 + [PROMPTS[2]] * 4
+    requests = [(p, SamplingParams(temperature=1.0, max_new_tokens=12, seed=i)) for i, p in enumerate(prompts)]
+    requests.append((PROMPTS[2], GREEDY))
+
+    async def body(engine: HFEngine):
+        outs = await asyncio.gather(*[engine.generate(p, s, f"g{i}") for i, (p, s) in enumerate(requests)])
+        return outs, engine.stats
+
+    outs, stats = run(_with_engine(tiny_model_dir, body, eos_token_ids=()))
+    expected, plain_stats = run(_with_engine(tiny_model_dir, body, eos_token_ids=(), engine=_NoDedupeEngine))
+    assert [o.token_ids for o in outs] == [o.token_ids for o in expected]
+    for out, ref in zip(outs, expected):
+        assert out.logprobs == pytest.approx(ref.logprobs, abs=1e-6)
+    assert len({o.token_ids for o in outs[:4] + outs[7:11]}) > 1  # each duplicate drew with its own seed
+    length = len(PROMPTS[2])
+    assert (stats["prefill_tokens"], stats["prefill_tokens_shared"]) == (2 * length, 10 * length)
+    assert (plain_stats["prefill_tokens"], plain_stats["prefill_tokens_shared"]) == (12 * length, 0)
+
+
 def test_top_k_one_equals_greedy(tiny_model_dir: Path, reference) -> None:
     async def body(engine: HFEngine):
         return await engine.generate(PROMPTS[4], SamplingParams(temperature=1.5, top_k=1, max_new_tokens=16), "k1")
@@ -185,6 +216,30 @@ def test_adapter_changes_outputs_and_version_zero_restores_base(tiny_model_dir: 
     assert all(a.token_ids != b.token_ids for a, b in zip(v1, v2))
     assert [o.token_ids for o in back] == [o.token_ids for o in base]
     assert [o.logprobs for o in back] == [o.logprobs for o in base]
+
+
+def test_version_zero_with_a_path_is_the_saved_adapter_a_run_starts_from(tiny_model_dir: Path, adapter_dirs) -> None:
+    start = AdapterRef(version=0, path=str(adapter_dirs[1]))
+
+    async def body(engine: HFEngine):
+        base = await _generate_all(engine, PROMPTS, GREEDY, "base")
+        await engine.load_adapter(start)  # the first adapter this engine loads
+        started = await _generate_all(engine, PROMPTS, GREEDY, "start")
+        await engine.load_adapter(AdapterRef(version=1, path=str(adapter_dirs[1])))  # the same weights as v1
+        v1 = await _generate_all(engine, PROMPTS, GREEDY, "v1")
+        await engine.load_adapter(AdapterRef(version=0))
+        back = await _generate_all(engine, PROMPTS, GREEDY, "back")
+        await engine.load_adapter(start)  # after the base model: the adapter layers come back on
+        again = await _generate_all(engine, PROMPTS, GREEDY, "again")
+        return base, started, v1, back, again
+
+    base, started, v1, back, again = run(_with_engine(tiny_model_dir, body, eos_token_ids=()))
+    assert [o.policy_version for o in started + v1 + back + again] == [0] * 6 + [1] * 6 + [0] * 12
+    assert [o.token_ids for o in started] == [o.token_ids for o in v1] == [o.token_ids for o in again]
+    for a, b in zip(started, v1):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+    assert all(a.token_ids != b.token_ids for a, b in zip(base, started))
+    assert [(o.token_ids, o.logprobs) for o in back] == [(o.token_ids, o.logprobs) for o in base]
 
 
 def test_greedy_with_adapter_equals_transformers_generate_of_the_peft_model(tiny_model_dir: Path, adapter_dirs) -> None:
