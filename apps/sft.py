@@ -2,7 +2,7 @@
 
     python -m apps.sft --config FILE [dotted.key=value ...]
 
-Fine-tunes ``actor_rollout_ref.model.path`` on ``sft.train_files`` (jsonl rows with ``messages`` and
+Fine-tunes ``sft.base_model`` (default ``actor_rollout_ref.model.path``) on ``sft.train_files`` (jsonl rows with ``messages`` and
 optional ``tools``), loss on assistant tokens only, on ``trainer.n_gpus_per_node × nnodes`` Ray Train
 workers; full weights (``sft.full_finetune``) or a LoRA adapter merged at the end. Writes a full HF model
 + tokenizer to ``sft.output_dir``; point ``actor_rollout_ref.model.path`` there to start GRPO from it.
@@ -27,8 +27,11 @@ def main(argv: list[str] | None = None) -> None:
     if not ray.is_initialized():
         ray.init(include_dashboard=False)
     trainer = cfg.trainer
+    model = cfg.actor_rollout_ref.model
+    if cfg.sft.base_model:
+        model = model.model_copy(update={"path": cfg.sft.base_model, "tokenizer_path": None})
     result = run_sft(
-        cfg.sft, cfg.actor_rollout_ref.model, cfg.actor_rollout_ref.actor.fsdp_config,
+        cfg.sft, model, cfg.actor_rollout_ref.actor.fsdp_config,
         num_workers=trainer.n_gpus_per_node * trainer.nnodes, device=trainer.device, seed=trainer.seed,
         experiment_name=f"{trainer.experiment_name}-sft",
     )

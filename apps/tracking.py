@@ -116,6 +116,16 @@ class RunTracker:
             if key in row:
                 gauge.set(row[key])
 
+    def log_generations(self, step: int, samples: list[tuple[str, str, float]]) -> None:
+        """``trainer.log_val_generations`` samples as an mlflow table (verl logs them to wandb/swanlab)."""
+        if self.mlflow_run_id is None or not samples:
+            return
+        import mlflow
+
+        inputs, outputs, scores = (list(col) for col in zip(*samples))
+        mlflow.log_table({"step": [step] * len(samples), "input": inputs, "output": outputs, "score": scores},
+                         artifact_file=f"val_generations/step_{step}.json")
+
     def finish(self, extra_artifacts: list[Path] = ()) -> Path | None:
         plot = plot_reward_curve(self.history, self.run_dir / "reward_curve.png") if self.history else None
         if self.mlflow_run_id is not None:
@@ -139,21 +149,41 @@ def _mlflow_key(key: str) -> str:
     return "".join(c if c.isalnum() or c in "_-./ " else "_" for c in key)
 
 
+def _series(history: list[dict[str, float]], key: str) -> tuple[list[float], list[float]]:
+    """(steps, values) of the rows that have ``key``."""
+    rows = [row for row in history if key in row]
+    return [row["step"] for row in rows], [row[key] for row in rows]
+
+
 def plot_reward_curve(history: list[dict[str, float]], path: Path) -> Path:
-    """Reward and response length per step, one PNG."""
+    """Training reward (and ``reward/acc``), validation's core metrics per data source, response length."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = [row["step"] for row in history]
-    fig, (ax_r, ax_l) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
-    ax_r.plot(steps, [row.get("reward/mean", float("nan")) for row in history], marker="o", label="reward/mean")
-    ax_r.set_ylabel("reward")
+    val_keys = sorted({k for row in history for k in row if k.startswith("val-core/") and "/mean@" in k})
+    panels = 3 if val_keys else 2
+    fig, axes = plt.subplots(panels, 1, figsize=(7, 3 * panels), sharex=True)
+    ax_r, ax_l = axes[0], axes[-1]
+    for key in ("reward/mean", "reward/acc"):
+        steps, values = _series(history, key)
+        if values:
+            ax_r.plot(steps, values, marker="o", markersize=3, label=key)
+    ax_r.set_ylabel("train reward")
     ax_r.grid(alpha=0.3)
     ax_r.legend()
-    ax_l.plot(steps, [row.get("response_length/mean", float("nan")) for row in history], color="tab:orange",
-              marker="o", label="response_length/mean")
+    if val_keys:
+        ax_v = axes[1]
+        for key in val_keys:
+            steps, values = _series(history, key)
+            ax_v.plot(steps, values, marker="s", label=key.removeprefix("val-core/"))
+        ax_v.set_ylabel("held-out (validation)")
+        ax_v.set_ylim(-0.02, 1.02)
+        ax_v.grid(alpha=0.3)
+        ax_v.legend(fontsize=8)
+    steps, values = _series(history, "response_length/mean")
+    ax_l.plot(steps, values, color="tab:orange", marker="o", markersize=3, label="response_length/mean")
     ax_l.set_ylabel("tokens")
     ax_l.set_xlabel("step")
     ax_l.grid(alpha=0.3)

@@ -16,14 +16,16 @@ import uuid
 from pathlib import Path
 
 import ray
-from tqdm import tqdm
 
 from agents.tools.registry import load_tools
+from agents.records import AdapterRef
 from apps.coordinator import CoordinatorActor
 from apps.driver import (AdapterBridgeActor, connect_ray, final_adapter, load_training_rows, summary_table,
                          with_absolute_paths)
+from apps.progress import Reporter, final_paths, follow_steps
 from apps.rollout import attach_rollout_app, delete_rollout_app, deploy_rollout_app, deployed_apps
 from apps.tracking import RunTracker
+from apps.validation import Validator
 from configs import TandemConfig, load_config
 from deployments.agent_workers import AgentWorker, AgentWorkerSpec
 from trainers.buffer import TrajectoryBuffer
@@ -49,35 +51,52 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
     cfg = with_absolute_paths(cfg, root)
     run_dir = Path(cfg.trainer.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    model = cfg.actor_rollout_ref.model
+    if model.lora_adapter_path:  # fail before anything starts, naming the path and what does not fit
+        from trainers.model import check_adapter
+
+        check_adapter(model.lora_adapter_path, model.path)
     connect_ray(cfg)
     tracker = RunTracker(cfg, run_dir)
 
-    # 1. Rows, checked against max_prompt_length with the tool schemas the agents will render.
+    # 1. Rows (training and validation), checked against max_prompt_length with the tool schemas agents render.
     from transformers import AutoTokenizer
 
-    model = cfg.actor_rollout_ref.model
     tokenizer_path = model.tokenizer_path or model.path
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
     tools = load_tools(cfg.tool_config_path) if cfg.tool_config_path else {}
-    rows = load_training_rows(cfg, tokenizer, [tool.schema for tool in tools.values()])
+    schemas = [tool.schema for tool in tools.values()]
+    rows = [] if cfg.trainer.val_only else load_training_rows(cfg, tokenizer, schemas)
+    val_rows = load_training_rows(cfg, tokenizer, schemas, cfg.data.val_paths) if cfg.data.val_paths else []
     batch = cfg.data.train_batch_size
     total_steps = cfg.trainer.total_training_steps or max(1, cfg.trainer.total_epochs * len(rows) // batch)
 
-    # 2. Rollout engines: attach to an app deployed with `serve deploy`, or deploy it now.
+    # 2. Rollout engines: attach to an app deployed with `serve deploy`, or deploy it; version 0 = the start policy.
+    base = AdapterRef(version=0, path=model.lora_adapter_path or "")
     attached = cfg.serve.app_name in deployed_apps()
-    rollout = attach_rollout_app(cfg.serve.app_name) if attached else deploy_rollout_app(cfg)
+    rollout = attach_rollout_app(cfg.serve.app_name, base=base) if attached else deploy_rollout_app(cfg, base=base)
     log.info("%s rollout app %r", "attached to" if attached else "deployed", cfg.serve.app_name)
 
-    # 3. Buffer (bounded, staleness-aware), the adapter bridge, agent workers, the coordinator.
+    # 3. Buffer (bounded, staleness-aware), agent workers, validation before training, the bridge, the coordinator.
     buffer = ray.remote(num_cpus=0)(TrajectoryBuffer).remote(
-        batch_groups=batch, max_staleness=cfg.stream.max_staleness,
-        capacity_groups=cfg.stream.buffer_groups, streaming=cfg.stream.enabled)
-    bridge = AdapterBridgeActor.remote(cfg.serve.app_name, buffer)
+        batch_groups=batch, max_staleness=cfg.stream.max_staleness, capacity_groups=cfg.stream.buffer_groups,
+        streaming=cfg.stream.enabled, keep_batches=bool(cfg.trainer.rollout_data_dir))
     run_id = tracker.mlflow_run_id or uuid.uuid4().hex[:8]
     spec = AgentWorkerSpec.from_config(cfg, tokenizer_path=tokenizer_path)
     tracer_factory = _tracer_factory(cfg, run_id)
     workers = [AgentWorker.remote(spec, rollout, buffer, tracer_factory=tracer_factory, run_id=run_id,
                                   worker_index=i) for i in range(cfg.actor_rollout_ref.rollout.agent.num_workers)]
+    validator = Validator.from_config(cfg, val_rows, workers, run_id) if val_rows else None
+    reporter = Reporter(cfg, tracker, tokenizer)
+    started = time.perf_counter()
+    if validator is not None and (cfg.trainer.val_before_train or cfg.trainer.val_only):
+        result = validator.run(0)  # before any training rollout: the whole machine validates the start policy
+        reporter.validation(result)
+        tracker.log_step(0, result.metrics)
+    if cfg.trainer.val_only:
+        return _finish(cfg, tracker, reporter, attached, {}, started)
+    bridge = AdapterBridgeActor.remote(cfg.serve.app_name, buffer, validator=validator,
+                                       test_freq=cfg.trainer.test_freq, total_steps=total_steps)
     coordinator = CoordinatorActor.remote(rows, workers, buffer, seed=cfg.trainer.seed,
                                           shuffle=cfg.data.shuffle, run_id=run_id)
     coordinator_done = coordinator.run.remote()
@@ -86,10 +105,9 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
     trainer = build_trainer(cfg, source=buffer, publisher=bridge, total_steps=total_steps)
     outcome: dict = {}
     fit = threading.Thread(target=lambda: outcome.update(result=trainer.fit()), daemon=True)
-    started = time.perf_counter()
     try:
         fit.start()
-        _follow_steps(fit, bridge, buffer, coordinator, tracker, total_steps)
+        follow_steps(fit, bridge, buffer, coordinator, tracker, reporter, total_steps)
         fit.join()
         result = outcome.get("result")
         if result is None or result.error is not None:
@@ -101,40 +119,19 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
         ray.get(buffer.close.remote())
         ray.get(coordinator_done)
         accounting = {k: v for k, v in ray.get(buffer.stats.remote()).items() if k.startswith("groups/")}
-        plot = tracker.finish()
-        if not attached:
-            delete_rollout_app(cfg.serve.app_name)
-    paths = {"run dir": run_dir, "metrics": tracker.metrics_path, "reward curve": plot,
-             "final adapter": final_adapter(run_dir), "mlflow": cfg.tracking.mlflow_tracking_uri}
+    return _finish(cfg, tracker, reporter, attached, accounting, started)
+
+
+def _finish(cfg: TandemConfig, tracker: RunTracker, reporter: Reporter, attached: bool, accounting: dict,
+            started: float) -> int:
+    plot = tracker.finish()
+    if not attached:
+        delete_rollout_app(cfg.serve.app_name)
+    run_dir = Path(cfg.trainer.run_dir)
+    paths = final_paths(run_dir, tracker, plot, final_adapter(run_dir), cfg.tracking.mlflow_tracking_uri)
     summary_table(tracker.history, paths, accounting)
     print(f"total wall time {time.perf_counter() - started:.1f}s")
     return 0
-
-
-def _follow_steps(fit, bridge, buffer, coordinator, tracker: RunTracker, total_steps: int) -> None:
-    """Log each finished step (learner + rollout + buffer metrics) while the learner runs."""
-    with tqdm(total=total_steps, desc="GRPO steps", unit="step") as bar:
-        while fit.is_alive() or bar.n < total_steps:
-            pending, switches = ray.get(bridge.take_metrics.remote())
-            for switch in switches:
-                for replica, version in sorted(switch["replicas"].items()):
-                    # "joined": a replica autoscaling started (or one up before the run) loaded the newest adapter.
-                    how = "joined" if switch["joined"] else f"{switch['sync_s']:.2f}s after publish"
-                    log.info("weight sync: replica %s now samples policy version %d (%s)", replica, version, how)
-            for learner in pending:
-                step = int(learner["step"])
-                rollout = ray.get(buffer.pop_step_metrics.remote(step))
-                # learner last: the buffer's stats carry its *current* policy_version, maybe a step ahead
-                metrics = {**rollout, **ray.get(buffer.stats.remote()), **ray.get(coordinator.stats.remote()), **learner,
-                           "timing/step_s": learner.get("step_time_s", 0.0) + learner.get("batch_wait_s", 0.0)}
-                tracker.log_step(step, metrics)
-                bar.update(1)
-                bar.set_postfix(reward=f"{metrics.get('reward/mean', 0):.2f}",
-                                stale=f"{metrics.get('staleness/mean', 0):.1f}")
-            if not pending:
-                if not fit.is_alive():
-                    break
-                time.sleep(0.5)
 
 
 def _tracer_factory(cfg: TandemConfig, run_id: str):

@@ -103,6 +103,13 @@ class TandemConfig(Section):
                 f"data.train_batch_size × rollout.n = {data.train_batch_size * rollout.n} trajectories is not a "
                 f"multiple of actor.ppo_mini_batch_size × rollout.n = {actor.ppo_mini_batch_size * rollout.n}"
             )
+        trainer = self.trainer
+        validates = [k for k, on in (("trainer.val_before_train", trainer.val_before_train),
+                                     (f"trainer.test_freq={trainer.test_freq}", trainer.test_freq > 0),
+                                     ("trainer.val_only", trainer.val_only)) if on]
+        if validates and data.val_files is None:
+            raise ValueError(f"{' and '.join(validates)} need data.val_files (validation rows); set data.val_files "
+                             "or turn validation off")
         if self.serve.min_replicas > self.serve.max_replicas:
             raise ValueError(
                 f"serve.min_replicas={self.serve.min_replicas} > serve.max_replicas={self.serve.max_replicas}"

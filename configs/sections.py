@@ -57,7 +57,7 @@ class DataConfig(Section):
     train_batch_size: int = Field(default=8, ge=1)
     """Prompts (groups) per training step; each yields ``rollout.n`` trajectories."""
     val_batch_size: int | None = Field(default=None, ge=1)
-    """Prompts per validation batch (default: all)."""
+    """Validation prompts in flight at once (default: all); every validation prompt is always run."""
     max_prompt_length: int = Field(default=1024, ge=1)
     """Longest prompt in tokens (chat template and tool schemas included)."""
     max_response_length: int = Field(default=512, ge=1)
@@ -94,10 +94,9 @@ class DataConfig(Section):
 
 class TrainerConfig(Section):
     VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
-        {"critic_warmup", "balance_batch", "log_val_generations", "rollout_data_dir", "validation_data_dir",
-         "ray_wait_register_center_timeout", "profile_steps", "esi_redundant_time", "del_local_ckpt_after_load",
+        {"critic_warmup", "balance_batch", "ray_wait_register_center_timeout", "profile_steps", "esi_redundant_time", "del_local_ckpt_after_load",
          "max_critic_ckpt_to_keep", "use_legacy_worker_impl", "npu_profile", "controller_nsight_options",
-         "worker_nsight_options", "profile_continuous_steps", "val_only", "generations_to_dump",
+         "worker_nsight_options", "profile_continuous_steps", "generations_to_dump",
          "log_freq", "use_prefix_grouper"}
     )
 
@@ -120,9 +119,19 @@ class TrainerConfig(Section):
     save_freq: int = -1
     """Checkpoint every N steps (-1 = only at the end)."""
     test_freq: int = -1
-    """Validate every N steps (-1 = never)."""
+    """Validate every N steps and after the last one (-1 = never), with the adapter of that step; the learner
+    waits while validation runs (as verl's trainer does), so every validation episode samples that adapter."""
     val_before_train: bool = False
-    """Validate once before the first step."""
+    """Validate once before the first step (step 0: the base model, or ``model.lora_adapter_path``)."""
+    val_only: bool = False
+    """Validate once, write the metrics, and exit without training."""
+    log_val_generations: int = Field(default=0, ge=0)
+    """Show this many validation samples (input, output, score) per validation: console and an mlflow table."""
+    validation_data_dir: str | None = None
+    """Write every validation's samples to ``<dir>/<step>.jsonl`` (verl's dump: input, output, gts, score,
+    step and the reward's extra keys)."""
+    rollout_data_dir: str | None = None
+    """Write every training step's batch to ``<dir>/<step>.jsonl`` (same format as ``validation_data_dir``)."""
     default_local_dir: str | None = None
     """Run outputs (default ``runs/<experiment_name>``)."""
     resume_mode: Literal["auto", "disable", "resume_path"] = "auto"
@@ -206,6 +215,9 @@ class TrackingConfig(Section):
 class SFTConfig(Section):
     enabled: bool = False
     """Run a supervised cold start before GRPO (cached under ``output_dir``)."""
+    base_model: str | None = None
+    """The model the cold start fine-tunes (default: ``actor_rollout_ref.model.path``); GRPO then starts from
+    ``output_dir`` when ``model.path`` points there."""
     train_files: str | list[str] | None = None
     """Chat transcripts (jsonl with ``messages`` and optional ``tools``)."""
     output_dir: str = ".cache/sft-model"

@@ -77,6 +77,10 @@ def batch_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
     for t in trajectories:
         key = f"termination/{t.termination.value}"
         out[key] = out.get(key, 0.0) + 1.0 / n
+    # The reward function's own numbers (verl's reward_extra_info, e.g. acc), next to reward/mean.
+    for key in sorted({k for t in trajectories for k in t.reward_extra}):
+        values = [t.reward_extra[key] for t in trajectories if key in t.reward_extra]
+        out[f"reward/{key}"] = sum(values) / len(values)
     return out
 
 
@@ -84,7 +88,7 @@ class TrajectoryBuffer:
     """Bounded group queue with staleness-aware admission (see module docstring)."""
 
     def __init__(self, batch_groups: int, max_staleness: int, capacity_groups: int | None = None,
-                 streaming: bool = True):
+                 streaming: bool = True, keep_batches: bool = False):
         if batch_groups < 1 or max_staleness < 0:
             raise ValueError(f"batch_groups={batch_groups} must be >= 1 and max_staleness={max_staleness} >= 0")
         self.batch_groups = batch_groups
@@ -99,6 +103,8 @@ class TrajectoryBuffer:
         self._batch_staleness: list[int] = []
         self._batch_wait_s = 0.0
         self._step_metrics: dict[int, dict[str, float]] = {}
+        self.keep_batches = keep_batches  # for trainer.rollout_data_dir dumps
+        self._step_batches: dict[int, list[Trajectory]] = {}
         self._arrived: set[str] = set()  # group ids put so far
         self._abandoned: set[str] = set()
 
@@ -184,6 +190,8 @@ class TrajectoryBuffer:
             self._stats.trained_trajectories += sum(len(g) for g in batch)
             self._batch_wait_s = time.perf_counter() - start
             trajectories = [t for group in batch for t in group]
+            if self.keep_batches:
+                self._step_batches[step] = trajectories
             self._step_metrics[step] = {
                 **batch_metrics(trajectories),
                 "staleness/mean": sum(self._batch_staleness) / len(batch),
@@ -210,6 +218,10 @@ class TrajectoryBuffer:
     async def pop_step_metrics(self, step: int) -> dict[str, float]:
         """Rollout metrics of the batch handed out for ``step`` (reward, lengths, tools, staleness)."""
         return self._step_metrics.pop(step, {})
+
+    async def pop_step_batch(self, step: int) -> list[Trajectory]:
+        """The trajectories handed out for ``step`` (kept only with ``keep_batches``)."""
+        return self._step_batches.pop(step, [])
 
     # ---- internals -----------------------------------------------------------------------
     def _batch_ready(self) -> bool:

@@ -1,16 +1,20 @@
-"""The demo task: arithmetic word problems solved with the ``calculator`` tool (agents layer: pure).
+"""The demo task: arithmetic questions an agent answers with or without the ``calculator`` tool (agents layer: pure).
 
-Deterministic from a seed. Three products:
-- verl-format rows (``agent_name: tool_agent``) for GRPO,
-- SFT transcripts whose tool calls are written in *mixed* formats (hermes tags, ``<tools>``,
-  fenced JSON, bare JSON, OpenAI shape, qwen3 XML) so the cold-started model emits all of them and
-  only the universal ``qwen25_coder`` parser reads every one; optionally some answer without the tool,
-- ``score_answer``: 1.0 when the last assistant message states the right number; 0.5 when the episode
-  made a successful calculator call and then stated a number in the answer form (``The answer is N.``)
-  that is wrong; else 0. The partial credit is what a
-  one-million-parameter model can earn: it learns the tool-use protocol and the answer form from SFT
-  and RL, but not to copy multi-digit numbers within a CPU demo's budget (measured: 0/64 exact after
-  a 225-step SFT), so an exact-match-only reward would give GRPO no signal at all.
+Deterministic from a seed. Two kinds of problem, each its own ``data_source`` so validation reports them apart:
+- ``tandem/arithmetic/easy``: one-digit sums and products, which a 135M-parameter pretrained model mostly gets
+  right by itself;
+- ``tandem/arithmetic/hard``: products of a two- or three-digit number and a two-digit one, which it almost never
+  gets right by itself and always gets right by calling the calculator and copying its result.
+
+Products:
+- verl-format rows (``agent_name: tool_agent``) for GRPO and validation;
+- SFT transcripts for a short cold start that teaches the answer form ("The answer is N.") and the tool-call
+  format (hermes ``<tool_call>`` JSON, the one the chat template shows) while *under-using* the tool: only a
+  ``tool_fraction`` of them call it. The cold-started model then answers most questions directly (and gets the
+  hard ones wrong); GRPO has to find out that calling the calculator pays on the hard ones;
+- ``score_answer``: verl's dict reward, ``{"score": acc, "acc": acc}`` — correctness only: 1 when the final
+  "answer is N" states the right number, else 0. No credit for calling a tool or for the answer form, so
+  neither a call on an unrelated expression nor a call that never ran can earn anything.
 """
 
 from __future__ import annotations
@@ -18,26 +22,31 @@ from __future__ import annotations
 import json
 import random
 import re
-from typing import Any
+from typing import Any, Literal
 
 DATA_SOURCE = "tandem/arithmetic"
-_OPS = ("+", "-", "*")
+Kind = Literal["easy", "hard"]
+KINDS: tuple[Kind, ...] = ("easy", "hard")
 _QUESTION_TEMPLATES = (
     "What is {expr}?",
     "Compute {expr}.",
-    "Calculate {expr} for me.",
-    "Use the calculator: {expr}",
+    "Calculate {expr}.",
+    "How much is {expr}?",
 )
-_ANSWER = re.compile(r"answer is\s*(-?\d+)", re.IGNORECASE)
+_ANSWER = re.compile(r"answer is\s*\$?\s*(-?\d[\d,]*)", re.IGNORECASE)
 
 
-def make_problem(rng: random.Random) -> tuple[str, int]:
-    """An expression of two or three small integers and its value."""
-    terms = [rng.randint(2, 99) for _ in range(rng.choice((2, 2, 3)))]
-    ops = [rng.choice(_OPS) for _ in terms[1:]]
-    expr = str(terms[0])
-    for op, term in zip(ops, terms[1:]):
-        expr += f" {op} {term}"
+def make_problem(rng: random.Random, kind: Kind) -> tuple[str, int]:
+    """An expression of the given kind and its value."""
+    if kind == "easy":
+        a, b = rng.randint(1, 9), rng.randint(1, 9)
+        op = rng.choice(("+", "*"))
+    elif kind == "hard":
+        a, b = rng.randint(12, 999), rng.randint(12, 99)
+        op = "*"
+    else:
+        raise ValueError(f"unknown problem kind {kind!r}; expected one of {KINDS}")
+    expr = f"{a} {op} {b}"
     return expr, _evaluate(expr)
 
 
@@ -58,15 +67,24 @@ def _evaluate(expr: str) -> int:
     return total
 
 
-def make_rows(count: int, seed: int, split: str) -> list[dict[str, Any]]:
-    """verl-format rows for the tool agent."""
+def data_source(kind: Kind) -> str:
+    return f"{DATA_SOURCE}/{kind}"
+
+
+def make_rows(count: int, seed: int, split: str, *, hard_fraction: float = 0.5) -> list[dict[str, Any]]:
+    """verl-format rows for the tool agent; ``hard_fraction`` of them hard (exactly, rounded), shuffled."""
+    if not 0.0 <= hard_fraction <= 1.0:
+        raise ValueError(f"hard_fraction must be in [0, 1], got {hard_fraction}")
     rng = random.Random(f"{seed}-{split}")
+    n_hard = round(count * hard_fraction)
+    kinds: list[Kind] = ["hard"] * n_hard + ["easy"] * (count - n_hard)
+    rng.shuffle(kinds)
     rows = []
-    for index in range(count):
-        expr, value = make_problem(rng)
+    for index, kind in enumerate(kinds):
+        expr, value = make_problem(rng, kind)
         question = rng.choice(_QUESTION_TEMPLATES).format(expr=expr)
         rows.append({
-            "data_source": DATA_SOURCE,
+            "data_source": data_source(kind),
             "prompt": [{"role": "user", "content": question}],
             "ability": "math",
             "reward_model": {"style": "rule", "ground_truth": str(value)},
@@ -77,76 +95,48 @@ def make_rows(count: int, seed: int, split: str) -> list[dict[str, Any]]:
     return rows
 
 
-def _call_text(fmt: str, expr: str) -> str:
-    call = {"name": "calculator", "arguments": {"expression": expr}}
-    compact = json.dumps(call)
-    table = {
-        "hermes": f"<tool_call>\n{compact}\n</tool_call>",
-        "tools_tag": f"<tools>\n{compact}\n</tools>",
-        "fenced": f"```json\n{compact}\n```",
-        "bare": compact,
-        "openai": json.dumps({"type": "function", "function": call}),
-        "qwen3_xml": (f"<tool_call>\n<function=calculator>\n<parameter=expression>\n{expr}\n"
-                      f"</parameter>\n</function>\n</tool_call>"),
-    }
-    return table[fmt]
-
-
-CALL_FORMATS = ("hermes", "tools_tag", "fenced", "bare", "openai", "qwen3_xml")
+def tool_call_text(expr: str) -> str:
+    """A calculator call in the hermes format the chat template shows the model."""
+    return "<tool_call>\n" + json.dumps({"name": "calculator", "arguments": {"expression": expr}}) + "\n</tool_call>"
 
 
 def make_sft_transcripts(count: int, seed: int, tool_schemas: list[dict[str, Any]], *,
-                         direct_fraction: float = 0.0) -> list[dict[str, Any]]:
-    """Chat transcripts: question → tool call (mixed formats) → tool result → answer.
-
-    A ``direct_fraction`` of them answer at once without the tool (``call_format`` ``"none"``), as a model
-    that under-uses its tools would: the cold-started model then calls the calculator only part of the time,
-    and GRPO has to learn that calling it pays (a direct answer is right only if the model can do the
-    arithmetic itself, which a tiny model cannot).
-    """
-    if not 0.0 <= direct_fraction <= 1.0:
-        raise ValueError(f"direct_fraction must be in [0, 1], got {direct_fraction}")
+                         tool_fraction: float = 0.25) -> list[dict[str, Any]]:
+    """Chat transcripts, half easy and half hard: a ``tool_fraction`` of them call the calculator and answer with
+    its result, the rest answer at once with the right number (``call_format`` ``"hermes"`` or ``"none"``)."""
+    if not 0.0 <= tool_fraction <= 1.0:
+        raise ValueError(f"tool_fraction must be in [0, 1], got {tool_fraction}")
     rng = random.Random(f"{seed}-sft")
     out = []
-    with_tool = 0
-    for _ in range(count):
-        expr, value = make_problem(rng)
+    for i in range(count):
+        expr, value = make_problem(rng, KINDS[i % 2])
         question = rng.choice(_QUESTION_TEMPLATES).format(expr=expr)
         answer = {"role": "assistant", "content": f"The answer is {value}."}
-        if rng.random() < direct_fraction:
+        if rng.random() >= tool_fraction:
             out.append({"tools": tool_schemas, "messages": [{"role": "user", "content": question}, answer],
                         "call_format": "none"})
             continue
-        fmt = CALL_FORMATS[with_tool % len(CALL_FORMATS)]
-        with_tool += 1
         out.append({
             "tools": tool_schemas,
             "messages": [
                 {"role": "user", "content": question},
-                {"role": "assistant", "content": _call_text(fmt, expr)},
+                {"role": "assistant", "content": tool_call_text(expr)},
                 {"role": "tool", "content": str(value)},
                 answer,
             ],
-            "call_format": fmt,
+            "call_format": "hermes",
         })
     return out
 
 
 def extract_answer(text: str) -> int | None:
-    """The last ``answer is N`` in ``text``, if any."""
+    """The last ``answer is N`` in ``text`` (thousands separators allowed), if any."""
     found = _ANSWER.findall(text)
-    return int(found[-1]) if found else None
+    return int(found[-1].replace(",", "")) if found else None
 
 
-FORMAT_CREDIT = 0.5
-
-
-def score_answer(final_text: str, ground_truth: str, *, num_tool_calls: int = 0, num_tool_errors: int = 0) -> float:
-    """1.0 for the right number; ``FORMAT_CREDIT`` for a wrong number in the answer form after at least one
-    calculator call that succeeded (so answering without the tool earns nothing); else 0.0."""
+def score_answer(final_text: str, ground_truth: str) -> dict[str, float]:
+    """verl's dict reward: ``score`` = ``acc`` = 1.0 when the final answer states ``ground_truth``, else 0.0."""
     answer = extract_answer(final_text)
-    if answer is None:
-        return 0.0
-    if str(answer) == str(ground_truth).strip():
-        return 1.0
-    return FORMAT_CREDIT if num_tool_calls - num_tool_errors > 0 else 0.0
+    acc = float(answer is not None and str(answer) == str(ground_truth).strip())
+    return {"score": acc, "acc": acc}

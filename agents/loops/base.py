@@ -30,6 +30,7 @@ from agents.chat import ChatDelta, Message
 from agents.loops.episode import Episode, LoopLimits, RewardFn, row_reward
 from agents.loops.tracing import EpisodeSpans, NullTracer, Tracer
 from agents.records import GenerateRequest, GenerateResult, ParsedToolCalls, Termination, Trajectory
+from agents.rewards import RewardScore
 from agents.tools.base import Tool
 
 
@@ -129,14 +130,15 @@ class AgentLoop:
         try:
             while state is not State.TERMINATED:
                 state = await handlers[state]()
-            reward = await self.compute_reward()
+            reward = RewardScore.of(await self.compute_reward(), f"trajectory {self.episode.trajectory_id!r}")
         except BaseException as exc:
             self.spans.finish(error=f"{type(exc).__name__}: {exc}")
             raise
         finally:
             await self.release_tools()
         result = self.result(reward)
-        self.spans.finish({"termination": result.trajectory.termination.value, "reward": reward,
+        self.spans.finish({"termination": result.trajectory.termination.value, "reward": reward.score,
+                           **{f"reward/{k}": v for k, v in reward.extra.items()},
                            "num_turns": result.trajectory.num_turns})
         return result
 
@@ -259,7 +261,8 @@ class AgentLoop:
             if name in self.episode.tools_kwargs and type(tool).calc_reward is not Tool.calc_reward
         ]
 
-    async def compute_reward(self) -> float:
+    async def compute_reward(self) -> float | Mapping[str, Any]:
+        """A number or verl's dict (``{"score": …, "acc": …}``)."""
         scoring = self._scoring_tools()
         if scoring:
             scores = [await t.calc_reward(self.episode.trajectory_id) for t in scoring]
@@ -268,9 +271,9 @@ class AgentLoop:
         # num_tool_errors); compute_reward passes each scorer only the keys it declares.
         usage = {"num_tool_calls": self.p.num_tool_calls, "num_tool_errors": self.p.num_tool_errors}
         episode = replace(self.episode, extra_info={**self.episode.extra_info, **usage})
-        return float(self.ctx.reward(episode, self.p.last_text))
+        return self.ctx.reward(episode, self.p.last_text)
 
-    def result(self, reward: float) -> EpisodeResult:
+    def result(self, reward: RewardScore) -> EpisodeResult:
         p = self.p
         if p.termination is None:
             raise RuntimeError(f"trajectory {self.episode.trajectory_id!r}: loop ended without a termination")
@@ -284,7 +287,8 @@ class AgentLoop:
             response_ids=tuple(p.response_ids),
             response_mask=tuple(p.response_mask),
             rollout_logprobs=tuple(p.logprobs),
-            reward=reward,
+            reward=reward.score,
+            reward_extra=reward.extra,
             policy_version=p.policy_version or 0,
             agent_name=self.agent_name,
             termination=p.termination,

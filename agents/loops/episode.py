@@ -16,7 +16,7 @@ from agents.chat import Message
 from agents.data.rows import DatasetRow
 from agents.loops.tool_calls import TruncateSide
 from agents.records import SamplingParams
-from agents.rewards import compute_reward
+from agents.rewards import score_reward
 
 
 @dataclass(frozen=True)
@@ -106,9 +106,11 @@ def episodes_for_row(
     ]
 
 
-RewardFn = Callable[[Episode, str], float]
+RewardFn = Callable[[Episode, str], "float | Mapping[str, Any]"]
+"""A number or verl's dict (``{"score": …, "acc": …}``); the loop turns either into a ``RewardScore``."""
 
 
-def row_reward(episode: Episode, solution: str) -> float:
-    """The row's rule reward (``agents.rewards``, chosen by ``data_source``)."""
-    return compute_reward(episode.data_source, solution, episode.ground_truth, episode.extra_info)
+def row_reward(episode: Episode, solution: str) -> Mapping[str, float]:
+    """The row's rule reward (``agents.rewards``, chosen by ``data_source``) as verl's dict."""
+    scored = score_reward(episode.data_source, solution, episode.ground_truth, episode.extra_info)
+    return {"score": scored.score, **scored.extra}

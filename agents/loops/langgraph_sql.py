@@ -32,6 +32,7 @@ from agents.loops.session_merge import MergedSample, SessionCall, merge_session_
 from agents.loops.tool_calls import run_tool_calls
 from agents.loops.tracing import EpisodeSpans
 from agents.records import Termination, ToolCall, Trajectory
+from agents.rewards import RewardScore
 from agents.tools.base import Tool
 
 SQL_TOOL_NAMES = ("search_schema", "get_columns", "execute_sql")
@@ -97,7 +98,7 @@ def _as_dict(message: BaseMessage) -> dict[str, Any]:
     return {"role": role, "content": str(message.content)}
 
 
-def _trajectory(episode: Episode, sample: MergedSample, index: int, reward: float, termination: Termination,
+def _trajectory(episode: Episode, sample: MergedSample, index: int, reward: RewardScore, termination: Termination,
                 messages: Sequence[BaseMessage]) -> Trajectory:
     tool_messages = [m for m in messages if isinstance(m, ToolMessage)]
     return Trajectory(
@@ -107,7 +108,8 @@ def _trajectory(episode: Episode, sample: MergedSample, index: int, reward: floa
         response_ids=tuple(sample.response_ids),
         response_mask=tuple(sample.response_mask),
         rollout_logprobs=tuple(sample.logprobs),
-        reward=reward,
+        reward=reward.score,
+        reward_extra=reward.extra,
         policy_version=sample.policy_version,
         agent_name="langgraph_sql",
         termination=termination,
@@ -151,7 +153,7 @@ async def run_langgraph_sql(ctx: AgentContext, episode: Episode, api_key: str = 
         termination = Termination.RESPONSE_BUDGET
     final = next((m for m in reversed(messages) if isinstance(m, AIMessage)), None)
     answer = str(final.content) if final is not None else ""
-    reward = float(ctx.reward(episode, answer))
+    reward = RewardScore.of(ctx.reward(episode, answer), f"trajectory {episode.trajectory_id!r}")
     trajectories = [_trajectory(episode, s, i, reward, termination, messages) for i, s in enumerate(samples)]
     conversation = tuple(_as_dict(m) for m in messages) or tuple(dict(m) for m in episode.messages)
     return EpisodeResult(trajectories[0], conversation, tuple(trajectories[1:]))

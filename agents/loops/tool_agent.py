@@ -3,7 +3,9 @@
 GENERATING -> parse the turn -> (ANSWERED | PARSE_ERROR | a turn limit) or PROCESSING_TOOLS, which runs
 the calls concurrently, appends the tool messages as a masked chat-template delta and goes back to
 GENERATING. Undecodable calls become error tool messages (``on_parse_error: feedback``) or end the
-episode (``stop``); both are counted in ``num_parse_errors``.
+episode (``stop``); both are counted in ``num_parse_errors``. A tool call counts in ``num_tool_calls`` (and a
+failed one in ``num_tool_errors``) only once it ran and its result reached the model: a call written in the
+last allowed turn, or whose answer no longer fits the budget, never ran as far as the model can tell.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ class ToolAgentLoop(AgentLoop):
     async def after_generation(self) -> State:
         parsed = self._traced_parse(self.p.last_text)
         self.p.last_parsed = parsed
-        self.p.num_tool_calls += len(parsed.calls)
         self.p.num_parse_errors += len(parsed.errors)
         limits = self.ctx.limits
         if not parsed.calls and not parsed.errors:
@@ -54,7 +55,6 @@ class ToolAgentLoop(AgentLoop):
             self.ctx.tools, self.episode.trajectory_id, parsed.calls,
             max_parallel_calls=limits.max_parallel_calls, timeout_s=limits.tool_timeout_s, spans=self.spans,
         )
-        self.p.num_tool_errors += sum(not r.ok for r in results)
         self.p.add("tool_s", sum(r.latency_s for r in results))
         self.p.add("num_tool_timeouts", sum(1 for r in results if r.error and r.error.startswith(TIMEOUT_PREFIX % r.name)))
         contents = [r.content for r in results]
@@ -72,4 +72,6 @@ class ToolAgentLoop(AgentLoop):
             return self.terminate(Termination.MAX_MODEL_LEN)
         self.append_delta(delta)
         self.p.messages.extend(messages)
+        self.p.num_tool_calls += len(results)  # these results reached the model
+        self.p.num_tool_errors += sum(not r.ok for r in results)
         return State.GENERATING

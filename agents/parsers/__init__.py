@@ -2,8 +2,10 @@
 
 One module per format and one explicit table of them, ``PARSERS``. ``parse_tool_calls`` is the
 entry point: it returns a ``ParsedToolCalls`` (calls, leftover content, errors) for any string and
-logs each malformed block once, as ``Failed to decode tool call: <reason>`` (the line verl users
-grep for). The agent loop counts ``errors`` as a metric and feeds them back to the model.
+logs each malformed block as ``Failed to decode tool call: <reason>`` (the line verl users grep for):
+the first ``WARN_FIRST`` of a process at WARNING, later ones at DEBUG, because a model early in training
+writes thousands of them. The agent loop counts ``errors`` as a metric (``tool_parse_errors/sum``) and
+feeds them back to the model.
 
 ``parse_tool_call_ids`` is the same on tokens: the agent loop works on ``response_ids`` and never
 re-tokenizes, so the text is decoded here, keeping special tokens (call markers may be special).
@@ -48,11 +50,22 @@ def get_parser(fmt: str) -> Callable[[str], ParsedToolCalls]:
         raise ValueError(f"unknown tool-call format {fmt!r}; expected one of {sorted(PARSERS)}") from None
 
 
+WARN_FIRST = 5
+_logged = [0]  # malformed blocks logged by this process
+
+
 def parse_tool_calls(text: str, fmt: str = DEFAULT_FORMAT) -> ParsedToolCalls:
     """Calls, content and errors in one model output. Never raises on a string."""
     parsed = get_parser(fmt)(text)
     for error in parsed.errors:
-        logger.warning("Failed to decode tool call: %s", error)
+        _logged[0] += 1
+        if _logged[0] < WARN_FIRST:
+            logger.warning("Failed to decode tool call: %s", error)
+        elif _logged[0] == WARN_FIRST:
+            logger.warning("Failed to decode tool call: %s (further ones are logged at DEBUG level; the "
+                           "tool_parse_errors/sum metric counts them all)", error)
+        else:
+            logger.debug("Failed to decode tool call: %s", error)
     return parsed
 
 

@@ -40,6 +40,7 @@ def _submit(head, job_root: Path, submission_id: str, run: str) -> subprocess.Co
     entrypoint = [
         "python", "-m", "apps.train", "--config", "configs/demo_cpu.yaml", "--root", str(job_root),
         "actor_rollout_ref.model.path=model", "data.train_files=data/train.parquet", "data.val_files=null",
+        "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.validation_data_dir=null",
         f"trainer.default_local_dir=runs/{run}", "tracking.mlflow_tracking_uri=sqlite:///mlruns.db",
         "trainer.total_training_steps=1", "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         "actor_rollout_ref.rollout.n=2", "data.max_response_length=32", f"serve.port={free_port()}",

@@ -34,6 +34,7 @@ def _train(tmp_path: Path, model: Path, rows: Path, *extra: str) -> tuple[subpro
     cmd = [
         sys.executable, "-m", "apps.train", "--config", "configs/demo_cpu.yaml",
         f"actor_rollout_ref.model.path={model}", f"data.train_files={rows}", "data.val_files=null",
+        "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.validation_data_dir=null",
         "trainer.total_training_steps=3", "trainer.save_freq=2", f"trainer.default_local_dir={run_dir}",
         "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         "actor_rollout_ref.rollout.n=2", "data.max_response_length=48", "sft.enabled=false",
@@ -79,3 +80,34 @@ def test_batch_synchronous_run(tmp_path, tiny_model_dir, train_rows):
     lines = _check_run(run_dir, tmp_path / "mlruns.db")
     # No generation while training: every group was sampled by the policy being trained.
     assert all(row["staleness/max"] == 0 for row in lines)
+
+
+def test_validation_before_during_after_then_val_only_on_the_final_adapter(tmp_path, tiny_model_dir, train_rows):
+    val = tmp_path / "val.parquet"
+    write_parquet([validate_row(r, f"val {i}") for i, r in enumerate(arithmetic.make_rows(6, seed=4, split="val"))], val)
+    common = (f"data.val_files={val}", "trainer.val_before_train=true", "trainer.test_freq=2",
+              f"trainer.validation_data_dir={tmp_path / 'dumps'}", f"trainer.rollout_data_dir={tmp_path / 'rollouts'}",
+              "trainer.log_val_generations=2")
+    proc, run_dir = _train(tmp_path, tiny_model_dir, train_rows, *common)
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [int(row["step"]) for row in lines] == [0, 1, 2, 3]
+    core = "val-core/tandem/arithmetic/hard/acc/mean@1"
+    assert [core in row for row in lines] == [True, False, True, True]  # before, every 2 steps, and the last
+    assert all("val-aux/num_turns/mean" in row for row in lines if core in row)
+    assert all("reward/acc" in row for row in lines[1:])
+    assert sorted(p.name for p in (tmp_path / "dumps").iterdir()) == ["0.jsonl", "2.jsonl", "3.jsonl"]
+    dump = [json.loads(line) for line in (tmp_path / "dumps" / "3.jsonl").read_text().splitlines()]
+    assert len(dump) == 6 and set(dump[0]) == {"input", "output", "gts", "score", "step", "reward", "acc"}
+    assert sorted(p.name for p in (tmp_path / "rollouts").iterdir()) == ["1.jsonl", "2.jsonl", "3.jsonl"]
+    assert proc.stdout.count("validation @ step") == 3 and "held-out val-core/" in proc.stdout
+    # val_only evaluates the final adapter (policy version 0 of that run) and writes one validation row
+    final = run_dir / "adapters" / "v3"
+    (tmp_path / "eval").mkdir()
+    proc2, run2 = _train(tmp_path / "eval", tiny_model_dir, train_rows, *common, "trainer.val_only=true",
+                         f"actor_rollout_ref.model.lora_adapter_path={final}")
+    rows2 = [json.loads(line) for line in (run2 / "metrics.jsonl").read_text().splitlines()]
+    assert [int(row["step"]) for row in rows2] == [0] and core in rows2[0]
+    assert not (run2 / "adapters").exists()  # nothing trained
+    # greedy validation of the same adapter gives the same outputs as the run's last validation
+    again = [json.loads(line) for line in (tmp_path / "dumps" / "0.jsonl").read_text().splitlines()]
+    assert [r["output"] for r in again] == [r["output"] for r in dump]

@@ -1,5 +1,6 @@
 """Config loading: verl keys, overrides, unknown-key suggestions, unimplemented-key warnings."""
 
+import re
 import warnings
 from pathlib import Path
 
@@ -148,3 +149,27 @@ def test_every_field_is_documented():
 def test_missing_file_is_named(tmp_path):
     with pytest.raises(ConfigError, match="nope.yaml does not exist"):
         load_config(tmp_path / "nope.yaml")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("overrides, named", [
+    (["trainer.test_freq=5"], "trainer.test_freq=5"),
+    (["trainer.val_before_train=true"], "trainer.val_before_train"),
+    (["trainer.val_only=true", "trainer.test_freq=2"], "trainer.test_freq=2 and trainer.val_only"),
+])
+def test_validation_without_val_files_names_both_keys(overrides, named):
+    with pytest.raises(ConfigError, match=re.escape(named) + ".*need data.val_files"):
+        load_config(None, overrides)
+
+
+@pytest.mark.unit
+def test_validation_keys_load_and_lr_zero_is_a_control():
+    cfg = load_config(None, ["data.val_files=v.parquet", "trainer.test_freq=3", "trainer.val_only=true",
+                             "trainer.log_val_generations=2", "trainer.validation_data_dir=out/val",
+                             "trainer.rollout_data_dir=out/roll", "actor_rollout_ref.model.lora_adapter_path=a/v3",
+                             "actor_rollout_ref.actor.optim.lr=0", "data.val_batch_size=16",
+                             "actor_rollout_ref.rollout.val_kwargs.n=4"])
+    assert (cfg.trainer.test_freq, cfg.trainer.val_only, cfg.trainer.log_val_generations) == (3, True, 2)
+    assert cfg.actor_rollout_ref.model.lora_adapter_path == "a/v3" and cfg.actor_rollout_ref.actor.optim.lr == 0.0
+    with pytest.raises(ConfigError, match="optim.lr"):
+        load_config(None, ["actor_rollout_ref.actor.optim.lr=-1e-4"])

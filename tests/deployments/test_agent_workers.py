@@ -197,3 +197,49 @@ def test_langgraph_sql_agent_trains_through_the_http_endpoint(sql_rollout_app: d
         traj = result.trajectory
         masked = [tok for tok, m in zip(traj.response_ids, traj.response_mask) if m == 0]
         assert "<tool_response>" in tokenizer.decode(masked)
+
+
+def test_validation_runs_the_same_loops_greedy_is_repeatable_and_never_feeds_the_trainer(
+        sql_rollout_app: dict, insurance_db_path: Path, tmp_path: Path) -> None:
+    import ray
+
+    from apps.validation import Validator, val_sampling
+    from configs import load_config
+    from deployments.agent_workers import AgentWorker, AgentWorkerSpec
+
+    @ray.remote(num_cpus=0)
+    class CountingSink:
+        def __init__(self) -> None:
+            self.count = 0
+
+        def put_group(self, group: list) -> None:
+            self.count += 1
+
+        def get(self) -> int:
+            return self.count
+
+    tool_config = tmp_path / "sql_tools.yaml"
+    tool_config.write_text(yaml.safe_dump(SQL_TOOL_CONFIG))
+    cfg = load_config(None, [
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool_config}",
+        "actor_rollout_ref.rollout.multi_turn.format=hermes", "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
+        "data.max_response_length=160", "data.val_batch_size=3",
+    ])
+    assert val_sampling(cfg).temperature == 0.0  # verl's val_kwargs default: greedy, n=1
+    spec = AgentWorkerSpec.from_config(cfg, tokenizer_path=str(sql_rollout_app["model_dir"]))
+    sink = CountingSink.remote()
+    workers = [AgentWorker.remote(spec, sql_rollout_app["rollout"], sink, run_id="val", worker_index=i)
+               for i in range(2)]
+    rows = [r.model_dump(mode="json") for r in sql_rows(insurance_db_path, 5, distinct=4)]
+    validator = Validator.from_config(cfg, rows, workers, run_id="val")
+    first, second = validator.run(0), validator.run(0)
+    assert len(first.samples) == 5 and ray.get(sink.get.remote()) == 0  # nothing reached the trainer's buffer
+    assert [(s.uid, s.output, s.score) for s in first.samples] == [(s.uid, s.output, s.score) for s in second.samples]
+    assert [s.data_source for s in first.samples] == [r["data_source"] for r in rows]
+    assert first.metrics == second.metrics
+    source = rows[0]["data_source"]
+    assert f"val-core/{source}/reward/mean@1" in first.metrics and "val-aux/num_turns/mean" in first.metrics
+    sampled = Validator(rows, workers, n=3, sampling=val_sampling(load_config(None, [
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=true", "actor_rollout_ref.rollout.val_kwargs.temperature=1.0"])),
+        batch_size=None, run_id="val").run(1)
+    assert len(sampled.samples) == 15 and f"val-core/{source}/reward/mean@3" in sampled.metrics

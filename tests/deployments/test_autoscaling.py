@@ -97,7 +97,7 @@ def test_queue_growth_adds_replicas_that_sample_the_published_adapter(autoscalin
     assert len(loaded) == 1 and set(loaded.values()) == {1}, loaded
     before = set(loaded)
     bridge = AdapterBridge(APP, buffer=None)  # only its replica reporting is used here
-    _, switches = bridge.take_metrics()
+    _, switches, _ = bridge.take_metrics()
     assert [s["replicas"] for s in switches] == [loaded]
     assert _running_replicas() == 1
 
@@ -115,6 +115,6 @@ def test_queue_growth_adds_replicas_that_sample_the_published_adapter(autoscalin
     live = ray.get(get_adapter_registry(APP).live_replicas.remote())
     assert {replica: live.get(replica) for replica in added} == dict.fromkeys(added, 1)
     # The training driver logs the added replica once, with the version it loaded.
-    _, switches = bridge.take_metrics()
+    _, switches, _ = bridge.take_metrics()
     joined = {replica: version for s in switches if s["joined"] for replica, version in s["replicas"].items()}
     assert joined == dict.fromkeys(added, 1)

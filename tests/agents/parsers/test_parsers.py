@@ -17,7 +17,11 @@ BROKEN = 'Querying.\n<tool_call>\n{"name": "run_sql", "arguments": {"query": "SE
 
 
 @pytest.mark.unit
-def test_each_malformed_block_is_logged_once_and_returned(caplog: pytest.LogCaptureFixture):
+def test_each_malformed_block_is_logged_once_and_returned(caplog: pytest.LogCaptureFixture,
+                                                          monkeypatch: pytest.MonkeyPatch):
+    import agents.parsers
+
+    monkeypatch.setattr(agents.parsers, "_logged", [0])
     text = BROKEN + "\n<tool_call>\n</tool_call>"
     with caplog.at_level(logging.WARNING, logger="agents.parsers"):
         parsed = parse_tool_calls(text)
@@ -28,6 +32,21 @@ def test_each_malformed_block_is_logged_once_and_returned(caplog: pytest.LogCapt
     messages = [record.getMessage() for record in caplog.records]
     assert messages == [f"Failed to decode tool call: {error}" for error in parsed.errors]
     assert all(record.levelno == logging.WARNING for record in caplog.records)
+
+
+@pytest.mark.unit
+def test_after_the_first_few_malformed_blocks_go_to_debug(caplog: pytest.LogCaptureFixture,
+                                                          monkeypatch: pytest.MonkeyPatch):
+    import agents.parsers
+
+    monkeypatch.setattr(agents.parsers, "_logged", [0])
+    with caplog.at_level(logging.DEBUG, logger="agents.parsers"):
+        for _ in range(4):
+            parse_tool_calls(BROKEN + "\n<tool_call>\n</tool_call>")
+    levels = [record.levelno for record in caplog.records]
+    assert levels == [logging.WARNING] * agents.parsers.WARN_FIRST + [logging.DEBUG] * (8 - agents.parsers.WARN_FIRST)
+    assert all(r.getMessage().startswith("Failed to decode tool call: ") for r in caplog.records)
+    assert "further ones are logged at DEBUG level" in caplog.records[agents.parsers.WARN_FIRST - 1].getMessage()
 
 
 @pytest.mark.unit
