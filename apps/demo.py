@@ -15,6 +15,7 @@ import argparse
 import hashlib
 import json
 import logging
+import os
 import shutil
 import sys
 import time
@@ -144,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # the driver's own model and tokenizer loads
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)  # deploy/ready lines; the stage lines say it
     started = time.perf_counter()
     cfg = load_config(args.config, args.overrides)
     if not cfg.sft.base_model:

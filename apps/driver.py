@@ -32,8 +32,12 @@ def connect_ray(cfg: TandemConfig) -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
         return
+    # Workers log at WARNING (their INFO lines stay in Ray's log files and the dashboard); download/loading
+    # progress bars of every model load would otherwise fill the console.
     ray.init(include_dashboard=cfg.tracking.ray_dashboard, log_to_driver=True,
-             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+             logging_config=ray.LoggingConfig(log_level="WARNING"),
+             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+                                       "TRANSFORMERS_VERBOSITY": "error"}})
 
 
 # Why a relative path can be missing under ``ray job submit``: said in the error, where it is needed.

@@ -206,7 +206,8 @@ def deploy_rollout_app(
     load it before they serve. An app that was already running is reset to ``base``.
     """
     serve_cfg = cfg.serve
-    serve.start(http_options={"host": serve_cfg.host, "port": serve_cfg.port})
+    # Serve's controller and proxy log deploys and health checks at INFO: kept in Ray's log files, not the console
+    serve.start(http_options={"host": serve_cfg.host, "port": serve_cfg.port}, logging_config={"log_level": "WARNING"})
     registry = None
     if serve_cfg.app_name not in serve.status().applications:
         drop_adapter_registry(serve_cfg.app_name)

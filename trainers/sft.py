@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -123,6 +124,7 @@ class SFTSpec:
     device: str
     seed: int
     transcripts: list[Transcript]
+    num_threads: int = 1
 
 
 def _sft_step(model, optimizer, samples: list[Sample], plan, device) -> float:
@@ -130,12 +132,15 @@ def _sft_step(model, optimizer, samples: list[Sample], plan, device) -> float:
     total = 0.0
     for indices in plan.micro_batches:
         mb = collate([samples[i] for i in indices] or [filler(samples[plan.filler_index])], packed=True)
+        # only the assistant tokens carry loss: the LM head runs on their positions alone (a transcript's
+        # prompt, with the tool schemas, is most of its tokens)
+        mb = replace(mb, valid=mb.valid & (mb.response_mask > 0))
         log_prob, _ = response_logprobs(model, mb, device, temperature=1.0, with_entropy=False)  # [B, R]
         mask = mb.response_mask.to(device)
         # verl's sft_loss normalisation: sum over the global batch's tokens, × dp_size (FSDP averages ranks).
         loss = -(log_prob * mask).sum() / plan.info.batch_num_tokens * plan.info.dp_size
         loss.backward()
-        total += float(loss) / plan.info.dp_size
+        total += float(loss.detach()) / plan.info.dp_size
     torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], GRAD_CLIP)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -149,6 +154,8 @@ def sft_loop_per_worker(config: dict[str, Any]) -> None:
     from trainers.model import resolve_device
 
     spec: SFTSpec = config["spec"]
+    if spec.num_threads > 1:
+        torch.set_num_threads(spec.num_threads)
     device = resolve_device(spec.device)
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(spec.seed)
@@ -222,9 +229,12 @@ def run_sft(sft: SFTConfig, model: ModelConfig, fsdp: FSDPConfig, *, num_workers
     (out / "sft_metrics.jsonl").unlink(missing_ok=True)
     sft = sft.model_copy(update={"output_dir": str(out)})
     use_gpu = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    # On CPU the cold start runs alone (before any rollout replica): each worker computes with its share of the
+    # cores, although it reserves one CPU (Ray would otherwise pin it to one thread through OMP_NUM_THREADS).
+    threads = 1 if use_gpu else max(1, (os.cpu_count() or 1) // num_workers)
     trainer = TorchTrainer(
         sft_loop_per_worker,
-        train_loop_config={"spec": SFTSpec(sft, model, fsdp, device, seed, transcripts)},
+        train_loop_config={"spec": SFTSpec(sft, model, fsdp, device, seed, transcripts, num_threads=threads)},
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu),
         run_config=RunConfig(name=experiment_name, storage_path=str(out.parent / f"{out.name}.ray_train")),
