@@ -32,9 +32,11 @@ def connect_ray(cfg: TandemConfig) -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
         return
+    # address="local": a new cluster of our own. Without it ray.init() attaches to whatever cluster Ray's
+    # ray_current_cluster file names (another run's, or a dead one it then waits for).
     # Workers log at WARNING (their INFO lines stay in Ray's log files and the dashboard); download/loading
     # progress bars of every model load would otherwise fill the console.
-    ray.init(include_dashboard=cfg.tracking.ray_dashboard, log_to_driver=True,
+    ray.init(address="local", include_dashboard=cfg.tracking.ray_dashboard, log_to_driver=True,
              logging_config=ray.LoggingConfig(log_level="WARNING"),
              runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
                                        "TRANSFORMERS_VERBOSITY": "error"}})

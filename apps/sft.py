@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 
-import ray
-
 from configs import load_config
 from trainers.sft import run_sft
 
@@ -24,8 +22,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("overrides", nargs="*", help="verl-style dotted overrides, e.g. sft.epochs=2")
     args = parser.parse_args(argv)
     cfg = load_config(args.config, args.overrides)
-    if not ray.is_initialized():
-        ray.init(include_dashboard=False)
+    from apps.driver import connect_ray
+
+    connect_ray(cfg)
     trainer = cfg.trainer
     model = cfg.actor_rollout_ref.model
     if cfg.sft.base_model:

@@ -125,7 +125,7 @@ def main() -> None:
         prompt = AutoTokenizer.from_pretrained(model_dir).apply_chat_template(
             [{"role": "user", "content": "What is 12 + 30?"}], add_generation_prompt=True, return_dict=False
         )
-        ray.init(num_cpus=max(4, args.replicas + 1), include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=max(4, args.replicas + 1), include_dashboard=False, log_to_driver=False)
         try:
             app_args = RolloutAppArgs(
                 model=str(model_dir), max_model_len=1024, min_replicas=args.replicas,

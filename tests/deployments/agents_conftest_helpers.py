@@ -148,7 +148,7 @@ def agents_ray() -> Iterator[None]:
     started = False
     if not ray.is_initialized():
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        ray.init(num_cpus=16, include_dashboard=False, log_to_driver=False)  # logical CPUs: all tiers share one cluster
+        ray.init(address="local", num_cpus=16, include_dashboard=False, log_to_driver=False)  # logical CPUs: all tiers share one cluster
         started = True
     yield
     if started:

@@ -55,7 +55,7 @@ def ray_cluster():
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=16, include_dashboard=False, log_to_driver=False)  # logical CPUs: all tiers share one cluster
+        ray.init(address="local", num_cpus=16, include_dashboard=False, log_to_driver=False)  # logical CPUs: all tiers share one cluster
     yield
     if started:  # the fixture that started the cluster stops it, after every user of it
         serve.shutdown()

@@ -58,7 +58,7 @@ def ray_cluster():
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=16, include_dashboard=False, log_to_driver=False)  # logical CPUs: all tiers share one cluster
+        ray.init(address="local", num_cpus=16, include_dashboard=False, log_to_driver=False)  # logical CPUs: all tiers share one cluster
     yield ray
     if started:
         ray.shutdown()
