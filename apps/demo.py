@@ -53,12 +53,8 @@ def prepare_base_model(folder: Path) -> Path:
     from apps.prepare_model import prepare_model
 
     started = time.perf_counter()
-    if (folder / "config.json").is_file():
-        prepare_model(MODEL_SOURCE, folder)  # checks the folder's marker; rebuilds a stale one
-        print(f"[1/4] model: {MODEL_SOURCE} at {folder}")
-        return folder
-    prepare_model(MODEL_SOURCE, folder)
-    print(f"[1/4] model: {MODEL_SOURCE} prepared into {folder} in {time.perf_counter() - started:.1f}s")
+    prepare_model(MODEL_SOURCE, folder)  # reuses a finished folder (its marker), rebuilds a stale one
+    print(f"[1/4] model: {MODEL_SOURCE} at {folder} ({time.perf_counter() - started:.1f}s)")
     return folder
 
 
