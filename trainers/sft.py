@@ -8,9 +8,14 @@ generation prompt ends (so ``<|im_start|>assistant\\n`` is not learned) and ends
 such as Qwen3's render the *last* assistant turn differently (an empty think block) than earlier ones.
 Characters map to tokens through the fast tokenizer's offsets: the transcript is tokenized once, whole.
 
-Training reuses GRPO's plumbing: a transcript is a ``Sample`` whose "response" is everything after the
-first token, with the assistant mask as its loss mask; micro-batches are token-budget packed. Full
-fine-tuning or LoRA (merged at the end); either way a full HF model + tokenizer lands in ``output_dir``.
+Training reuses GRPO's plumbing: a transcript is a ``Sample`` whose "response" is everything after a
+shared head, with the assistant mask as its loss mask. The head is the token prefix every transcript
+starts with (in a tool-calling set: the system prompt with the tool schemas, most of each transcript's
+tokens), laid out once per micro-batch in GRPO's shared-prompt layout (``trainers.prefix``): every token
+sees exactly what it sees alone, so losses and gradients are unchanged, and a batch of 8 demo transcripts
+runs ~1,000 token positions instead of ~2,500. Without a shared head (or with a flash-attention model,
+which takes no dense mask) micro-batches are token-budget packed. Full fine-tuning or LoRA (merged at the
+end); either way a full HF model + tokenizer lands in ``output_dir``.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from configs.actor import FSDPConfig, ModelConfig
 from configs.sections import SFTConfig
 from trainers.batching import Sample, collate, filler, plan_step
 from trainers.model import load_base_model, response_logprobs, shard_model
+from trainers.prefix import collate_shared
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +49,25 @@ class Transcript:
     input_ids: tuple[int, ...]
     loss_mask: tuple[int, ...]
 
-    def as_sample(self, index: int) -> Sample:
-        n = len(self.input_ids) - 1
-        return Sample(prompt_ids=self.input_ids[:1], response_ids=self.input_ids[1:], response_mask=self.loss_mask[1:],
-                      rollout_logprobs=(0.0,) * n, advantage=0.0, group_id=f"t{index}")
+    def as_sample(self, index: int, head: int = 1) -> Sample:
+        """The transcript as a training sample whose "prompt" is its first ``head`` tokens (no loss there)."""
+        if not 1 <= head < len(self.input_ids) or any(self.loss_mask[:head]):
+            raise ValueError(f"transcript {index}: a {head}-token head must be loss-free and leave a token to learn")
+        n = len(self.input_ids) - head
+        return Sample(prompt_ids=self.input_ids[:head], response_ids=self.input_ids[head:],
+                      response_mask=self.loss_mask[head:], rollout_logprobs=(0.0,) * n, advantage=0.0,
+                      group_id=f"t{index}")
+
+
+def shared_head(transcripts: Sequence[Transcript]) -> int:
+    """Length of the token prefix all transcripts share, up to their first loss token (at least 1)."""
+    first = transcripts[0]
+    limit = min(min(len(t.input_ids) for t in transcripts) - 1,
+                min(t.loss_mask.index(1) if 1 in t.loss_mask else len(t.loss_mask) for t in transcripts))
+    head = 0
+    while head < limit and all(t.input_ids[head] == first.input_ids[head] for t in transcripts):
+        head += 1
+    return max(head, 1)
 
 
 def _render(tokenizer, messages: list[dict], tools: list[dict] | None, generation_prompt: bool = False) -> str:
@@ -127,11 +148,12 @@ class SFTSpec:
     num_threads: int = 1
 
 
-def _sft_step(model, optimizer, samples: list[Sample], plan, device) -> float:
+def _sft_step(model, optimizer, samples: list[Sample], plan, device, share: bool) -> float:
     """One optimizer step over one batch; returns this rank's share of the global token-mean NLL."""
     total = 0.0
     for indices in plan.micro_batches:
-        mb = collate([samples[i] for i in indices] or [filler(samples[plan.filler_index])], packed=True)
+        items = [samples[i] for i in indices] or [filler(samples[plan.filler_index])]
+        mb = collate_shared(items) if share else collate(items, packed=True)
         # only the assistant tokens carry loss: the LM head runs on their positions alone (a transcript's
         # prompt, with the tool schemas, is most of its tokens)
         mb = replace(mb, valid=mb.valid & (mb.response_mask > 0))
@@ -161,15 +183,19 @@ def sft_loop_per_worker(config: dict[str, Any]) -> None:
     torch.manual_seed(spec.seed)
     model = shard_model(load_base_model(spec.model, lora=not spec.sft.full_finetune), spec.fsdp, device)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=spec.sft.lr, weight_decay=0.0)
-    samples = [t.as_sample(i) for i, t in enumerate(spec.transcripts)]
+    head = shared_head(spec.transcripts)
+    share = head > 1 and spec.model.override_config.get("attn_implementation", "sdpa") in ("sdpa", "eager")
+    samples = [t.as_sample(i, head if share else 1) for i, t in enumerate(spec.transcripts)]
+    if rank == 0:
+        log.info("sft: %d-token head shared by every transcript%s", head, "" if share else " (not shared)")
     step = 0
     for epoch in range(spec.sft.epochs):
         plans = plan_step(samples, rank=rank, world_size=world, groups_per_mini_batch=spec.sft.batch_size,
                           use_dynamic_bsz=True, micro_batch_size=1, max_token_len=max(spec.sft.max_length, 4096),
-                          shuffle_seed=spec.seed + epoch)
+                          share_prompts=share, shuffle_seed=spec.seed + epoch)
         for plan in plans:
             step += 1
-            loss = torch.tensor([_sft_step(model, optimizer, samples, plan, device)], dtype=torch.float64)
+            loss = torch.tensor([_sft_step(model, optimizer, samples, plan, device, share)], dtype=torch.float64)
             dist.all_reduce(loss)
             metrics = {"step": step, "epoch": epoch, "sft_loss": loss.item(), "tokens": plan.info.batch_num_tokens}
             if rank == 0:

@@ -150,3 +150,55 @@ def test_kl_loss_and_truncated_is_paths(one_rank, grpo_model_dir):
     assert metrics["num_updates"] == 2
     assert metrics["kl_loss"] > 0
     assert metrics["ppo_kl"] != 0
+
+
+@pytest.mark.parametrize("kl", [False, True])
+def test_on_policy_step_without_the_recompute_pass_equals_the_recomputed_step(one_rank, grpo_model_dir, monkeypatch,
+                                                                               kl):
+    import trainers.step as step_module
+
+    cfg = _cfg(grpo_model_dir, "data.train_batch_size=3", "actor_rollout_ref.actor.ppo_mini_batch_size=3",
+               "actor_rollout_ref.actor.tis_imp_ratio_cap=2.0", "actor_rollout_ref.actor.optim.lr=0.05",
+               f"actor_rollout_ref.actor.use_kl_loss={kl}", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4")
+    actor = cfg.actor_rollout_ref.actor
+    settings = StepSettings(actor=actor, max_response_length=32, norm_adv_by_std_in_grpo=True, temperature=1.0,
+                            packed=True, device=CPU, seed=1)
+    results, passes = [], []
+    real_recompute = step_module.recompute_log_probs
+
+    def counting(model, samples, plans, s, old=True):
+        passes.append(old)
+        return real_recompute(model, samples, plans, s, old)
+
+    monkeypatch.setattr(step_module, "recompute_log_probs", counting)
+    for shortcut in (True, False):
+        monkeypatch.setattr(step_module, "is_on_policy", lambda plans, a, m, _s=shortcut: _s)
+        model = build_policy(cfg.actor_rollout_ref.model, actor.fsdp_config, CPU, seed=1)
+        optimizer = build_optimizer(model, actor.optim)
+        scheduler = make_scheduler(optimizer, actor.optim, 2)
+        # Step 2 runs with a non-zero adapter: log-probs, TIS weights and the KL are not trivial there.
+        metrics = [train_step(model, optimizer, scheduler, make_trajectories(3, 4, seed=k), k, settings) for k in (1, 2)]
+        weights = {n: p.detach().full_tensor().clone() for n, p in model.named_parameters() if p.requires_grad}
+        results.append((metrics, weights))
+    assert passes == [False, False, True, True]  # the shortcut asked for no old log-probs
+    (fast, fast_w), (slow, slow_w) = results
+    for a, b in zip(fast, slow):
+        for key in ("pg_loss", "entropy", "ppo_kl", "grad_norm", "rollout_logprob_gap", *(("kl_loss",) if kl else ())):
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-7), key
+    assert fast[1]["rollout_logprob_gap"] > 0
+    for name, weight in fast_w.items():
+        torch.testing.assert_close(weight, slow_w[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_on_policy_needs_one_update_and_no_dropout(grpo_model_dir):
+    from trainers.step import has_dropout, is_on_policy
+
+    cfg = _cfg(grpo_model_dir)
+    actor = cfg.actor_rollout_ref.actor
+    model = AutoModelForCausalLM.from_pretrained(grpo_model_dir, dtype=torch.float32)
+    assert not has_dropout(model)
+    assert is_on_policy([object()], actor, model)
+    assert not is_on_policy([object(), object()], actor, model)
+    assert not is_on_policy([object()], actor.model_copy(update={"ppo_epochs": 2}), model)
+    model.config.attention_dropout = 0.1
+    assert has_dropout(model) and not is_on_policy([object()], actor, model)

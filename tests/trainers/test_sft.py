@@ -86,6 +86,52 @@ def sft_base_model(tmp_path_factory, qwen_tokenizer):
 
 
 @pytest.mark.integration
+def test_a_shared_head_step_equals_the_unshared_step(sft_base_model, qwen_tokenizer):
+    """The system prompt + tool schemas laid out once per micro-batch: the same loss and the same update."""
+    import torch
+
+    from configs.actor import ModelConfig
+    from trainers.batching import plan_step
+    from trainers.model import load_base_model
+    from trainers.sft import _sft_step, shared_head, tokenize_transcript
+
+    transcripts = [tokenize_transcript(qwen_tokenizer, transcript(a, b), f"row {a}") for a, b in
+                   ((2, 3), (17, 40), (123, 9), (5, 5))]
+    head = shared_head(transcripts)
+    assert head > 50  # the rendered system prompt with the tool schema
+    assert not any(any(t.loss_mask[:head]) for t in transcripts)
+    assert len({t.input_ids[:head] for t in transcripts}) == 1 and len({t.input_ids[head] for t in transcripts}) > 1
+    results = []
+    for share in (False, True):
+        torch.manual_seed(0)
+        model = load_base_model(ModelConfig(path=str(sft_base_model), lora_rank=4, lora_alpha=8), lora=True)
+        # SGD: the update is the gradient itself (Adam's first step is ~ its sign, which float noise flips)
+        optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
+        samples = [t.as_sample(i, head if share else 1) for i, t in enumerate(transcripts)]
+        (plan,) = plan_step(samples, rank=0, world_size=1, groups_per_mini_batch=4, use_dynamic_bsz=True,
+                            micro_batch_size=1, max_token_len=4096, share_prompts=share)
+        loss = _sft_step(model, optimizer, samples, plan, torch.device("cpu"), share)
+        results.append((loss, {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}))
+    (plain, plain_w), (shared, shared_w) = results
+    assert shared == pytest.approx(plain, rel=1e-5)
+    for name, weight in shared_w.items():
+        torch.testing.assert_close(weight, plain_w[name], atol=1e-6, rtol=1e-4, msg=name)
+    assert any(w.abs().max() > 1e-4 for n, w in shared_w.items() if "lora_B" in n)  # the step moved
+
+
+@pytest.mark.unit
+def test_shared_head_stops_before_the_first_loss_token(qwen_tokenizer):
+    from trainers.sft import Transcript, shared_head
+
+    same = Transcript((1, 2, 3, 4, 5), (0, 0, 0, 1, 1))
+    assert shared_head([same, Transcript((1, 2, 3, 4, 6), (0, 0, 0, 1, 1))]) == 3  # 4 is learned: not shared
+    assert shared_head([same, Transcript((1, 2, 9, 4, 5), (0, 0, 0, 1, 1))]) == 2
+    assert shared_head([same, Transcript((7, 2, 3, 4, 5), (0, 0, 0, 1, 1))]) == 1  # nothing shared: one token
+    with pytest.raises(ValueError, match="transcript 3: a 4-token head must be loss-free"):
+        same.as_sample(3, head=4)
+
+
+@pytest.mark.integration
 @pytest.mark.slow
 def test_lora_sft_through_the_cli_writes_a_merged_model(ray_cluster, sft_base_model, tmp_path, capsys):
     import torch
