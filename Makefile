@@ -34,8 +34,9 @@ test-fast: $(STAMP)
 test-vllm:
 	bash scripts/test_vllm.sh
 
+# every benchmark, then one table: benchmark, ratio, goal, PASS/FAIL (computed by each benchmark)
 bench: $(STAMP)
-	for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	$(BIN)/python -m benchmarks.run_all
 
 clean:
 	rm -rf .cache runs mlruns.db .pytest_cache

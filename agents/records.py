@@ -104,13 +104,21 @@ class GenerateResult:
     finish_reason: FinishReason
     policy_version: int
     replica_id: str = ""
+    token_versions: tuple[int, ...] = ()
+    """The adapter version that sampled each token, when the engine records it (else every token has
+    ``policy_version``); a partial rollout interrupted by a weight sync has several."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "token_ids", tuple(int(t) for t in self.token_ids))
         object.__setattr__(self, "logprobs", tuple(float(x) for x in self.logprobs))
+        object.__setattr__(self, "token_versions", tuple(int(v) for v in self.token_versions))
         if len(self.token_ids) != len(self.logprobs):
             raise ValueError(
                 f"GenerateResult: {len(self.token_ids)} token_ids but {len(self.logprobs)} logprobs"
+            )
+        if self.token_versions and len(self.token_versions) != len(self.token_ids):
+            raise ValueError(
+                f"GenerateResult: {len(self.token_ids)} token_ids but {len(self.token_versions)} token_versions"
             )
         if self.finish_reason not in ("stop", "length", "abort"):
             raise ValueError(f"GenerateResult: unknown finish_reason {self.finish_reason!r}")
@@ -175,6 +183,9 @@ class Trajectory:
     metrics: dict[str, float] = field(default_factory=dict)
     reward_extra: dict[str, float] = field(default_factory=dict)
     """The reward function's numbers besides the score (verl's ``reward_extra_info``, e.g. ``acc``)."""
+    token_versions: tuple[int, ...] = ()
+    """The adapter version that sampled each response token (-1 on tool/user tokens); empty when the engine
+    does not record it (then every policy token counts as ``policy_version``)."""
 
     def __post_init__(self) -> None:
         for name in ("prompt_ids", "response_ids", "response_mask"):
@@ -197,11 +208,20 @@ class Trajectory:
             raise ValueError(f"{where}: reward_extra values must be finite, got {bad}")
         if self.policy_version < 0:
             raise ValueError(f"{where}: policy_version must be >= 0")
+        object.__setattr__(self, "token_versions", tuple(int(v) for v in self.token_versions))
+        if self.token_versions and len(self.token_versions) != n:
+            raise ValueError(f"{where}: {n} response_ids but {len(self.token_versions)} token_versions")
         object.__setattr__(self, "termination", Termination(self.termination))
 
     @property
     def num_policy_tokens(self) -> int:
         return sum(self.response_mask)
+
+    def policy_token_versions(self) -> list[int]:
+        """The sampling version of each policy token (``policy_version`` for all when not recorded)."""
+        if not self.token_versions:
+            return [self.policy_version] * self.num_policy_tokens
+        return [v for v, m in zip(self.token_versions, self.response_mask) if m]
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Pieces of the training driver that wire deployments to trainers (apps layer).
 
 ``apps/train.py`` reads top to bottom as the data flow; what it needs beyond one line lives here:
-connecting to Ray, loading and checking the training rows, the bridge that carries each published
-adapter to the rollout replicas and the buffer, and the end-of-run summary.
+connecting to Ray, loading and checking the training rows, the publisher that carries each published
+adapter to the rollout replicas and tells the coordinator, the metrics sink, and the end-of-run summary.
 """
 
 from __future__ import annotations
@@ -10,14 +10,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import ray
 
-from agents.data.rows import load_rows, row_dicts
+from agents.data.rows import DatasetRow, load_rows
 from agents.data.truncation import PromptTooLongError
 from agents.records import AdapterRef
 from configs import TandemConfig
@@ -36,10 +38,13 @@ def connect_ray(cfg: TandemConfig) -> None:
     # ray_current_cluster file names (another run's, or a dead one it then waits for).
     # Workers log at WARNING (their INFO lines stay in Ray's log files and the dashboard); download/loading
     # progress bars of every model load would otherwise fill the console.
+    # Ray Train's preemption watcher polls for draining nodes (spot instances); a one-node local cluster has none,
+    # and its actor's start logs an error-level line from Ray's core worker on every run.
+    env = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
+           "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")  # the Ray Train controller may run here
     ray.init(address="local", include_dashboard=cfg.tracking.ray_dashboard, log_to_driver=True,
-             logging_config=ray.LoggingConfig(log_level="WARNING"),
-             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-                                       "TRANSFORMERS_VERBOSITY": "error"}})
+             logging_config=ray.LoggingConfig(log_level="WARNING"), runtime_env={"env_vars": env})
 
 
 # Why a relative path can be missing under ``ray job submit``: said in the error, where it is needed.
@@ -110,14 +115,14 @@ def with_absolute_paths(cfg: TandemConfig, root: Path | None = None) -> TandemCo
 
 
 def load_training_rows(cfg: TandemConfig, tokenizer: Any, tools_schemas: list[dict[str, Any]],
-                       paths: list[str] | None = None) -> list[dict]:
+                       paths: list[str] | None = None) -> list[DatasetRow]:
     """Every row of ``paths`` (default: the training files), validated, with its rendered prompt checked against
     ``max_prompt_length``.
 
     ``truncation: error`` fails naming the file and row; ``filter_overlong_prompts`` drops (and logs)
     them; ``left``/``right``/``middle`` are applied by the agent loop on the prompt tokens.
     """
-    rows: list[dict] = []
+    rows: list[DatasetRow] = []  # typed from here to the agent worker
     dropped = 0
     limit = cfg.data.max_prompt_length
     paths = cfg.data.train_paths if paths is None else paths
@@ -134,7 +139,7 @@ def load_training_rows(cfg: TandemConfig, tokenizer: Any, tools_schemas: list[di
                     raise PromptTooLongError(
                         f"{path} row {number}: prompt has {len(ids)} tokens, max_prompt_length is {limit}"
                     )
-            rows.extend(row_dicts([row]))
+            rows.append(row)
     if dropped:
         log.warning("data.filter_overlong_prompts dropped %d rows longer than %d tokens", dropped, limit)
     if not rows:
@@ -142,21 +147,54 @@ def load_training_rows(cfg: TandemConfig, tokenizer: Any, tools_schemas: list[di
     return rows
 
 
-class AdapterBridge:
-    """The trainer's publisher: each new adapter goes to every rollout replica, then to the buffer.
+@dataclass
+class Reports:
+    """What reached the metrics sink since the last ``take``: learner metrics per step, replica version
+    switches (publishes, and replicas that joined), validation results."""
 
-    ``publish`` returns once all live replicas sample with the new version, so admission (which
-    moves with the buffer's version) never starts a group on an adapter that is not loaded yet.
-    Rank 0 also sends each step's metrics here (``record_metrics``) for the driver to log.
-    Replicas that autoscaling adds between publishes load the newest adapter on their own; the
-    app's registry hears from them, and ``take_metrics`` reports each one once (``joined: True``).
+    learner: list[dict[str, float]] = field(default_factory=list)
+    switches: list[dict[str, Any]] = field(default_factory=list)
+    validations: list[Any] = field(default_factory=list)
 
-    With a ``validator``, a publish of a version the schedule names (every ``test_freq`` steps and the last
-    step, as verl) validates before it returns: the learner waits, so every validation episode samples exactly
-    that version, while agent workers go on generating training groups with it.
+
+class MetricsSink:
+    """The metrics channel: the learner (rank 0) and the publisher push here, the driver takes."""
+
+    def __init__(self) -> None:
+        self._pending = Reports()
+
+    def learner(self, metrics: dict[str, float]) -> None:
+        self._pending.learner.append(dict(metrics))
+
+    def switch(self, entry: dict[str, Any]) -> None:
+        self._pending.switches.append(entry)
+
+    def validation(self, result: Any) -> None:
+        self._pending.validations.append(result)
+
+    def take(self) -> Reports:
+        out, self._pending = self._pending, Reports()
+        return out
+
+
+MetricsSinkActor = ray.remote(num_cpus=0)(MetricsSink)
+
+
+class AdapterPublisher:
+    """The trainer's publisher: each new adapter goes to every rollout replica, then the coordinator hears of it.
+
+    ``publish`` returns once all live replicas sample with the new version, and the coordinator's admission moves
+    with the push, so no group starts on an adapter that is not loaded yet. Replicas that autoscaling adds
+    between publishes load the newest adapter on their own; the app's registry hears from them and
+    ``report_joined`` reports each one once to the sink (``joined: True``).
+
+    With a ``validator``, a publish of a version the schedule names (every ``test_freq`` steps and the last step,
+    as verl) validates before it returns: the learner waits, so every validation episode samples exactly that
+    version, while agent workers go on generating training groups with it. ``validate_start`` validates version 0
+    the same way while the learner starts up; the first publish waits for it.
     """
 
-    def __init__(self, app_name: str, buffer: Any, wait_s: float = 300.0, *, validator: Any = None,
+    def __init__(self, app_name: str, coordinator: Any, sink: Any, wait_s: float = 300.0, *, validator: Any = None,
                  test_freq: int = -1, total_steps: int | None = None):
         from apps.rollout import publish_adapter
         from deployments.adapter_registry import get_adapter_registry
@@ -165,22 +203,31 @@ class AdapterBridge:
         self._registry = get_adapter_registry(app_name)
         self._reported: set[str] = set()  # replicas a reported switch already named
         self.app_name = app_name
-        self.buffer = buffer
+        self.coordinator = coordinator
+        self.sink = sink
         self.wait_s = wait_s
         self.switches: list[dict[str, Any]] = []
         self.latest = AdapterRef(version=0)
-        self._metrics: list[dict[str, float]] = []
-        self._pending_switches: list[dict[str, Any]] = []
         self.validator = validator
         self.test_freq = test_freq
         self.total_steps = total_steps
-        self._validations: list[Any] = []
+        self._lock = threading.Lock()  # a publish waits for a validation of the version before it
+
+    def validate_start(self) -> None:
+        """Validate policy version 0 while the learner starts and the first groups generate; the first publish
+        waits for it, so every validation episode samples version 0."""
+        with self._lock:
+            ray.get(self.sink.validation.remote(self.validator.run(0)))
 
     def validates_at(self, version: int) -> bool:
         return self.validator is not None and self.test_freq > 0 and (
             version % self.test_freq == 0 or version == self.total_steps)
 
     def publish(self, ref: AdapterRef) -> dict[str, int]:
+        with self._lock:
+            return self._publish_locked(ref)
+
+    def _publish_locked(self, ref: AdapterRef) -> dict[str, int]:
         started = time.perf_counter()
         loaded = self._publish(self.app_name, ref, self.wait_s)
         elapsed = time.perf_counter() - started
@@ -188,43 +235,39 @@ class AdapterBridge:
             log.info("replica %s switched to policy version %d (%.2fs after publish)", replica, version, elapsed)
         self._reported.update(loaded)
         self.switches.append({"version": ref.version, "replicas": loaded, "sync_s": elapsed, "joined": False})
-        self._pending_switches.append(self.switches[-1])
+        ray.get(self.sink.switch.remote(self.switches[-1]))
         self.latest = ref
-        ray.get(self.buffer.set_version.remote(ref.version))
+        ray.get(self.coordinator.on_publish.remote(ref.version))
         if self.validates_at(ref.version):
-            # run first, then append: take_metrics (another thread) swaps the list while validation runs
-            result = self.validator.run(ref.version)
-            self._validations.append(result)
+            ray.get(self.sink.validation.remote(self.validator.run(ref.version)))
         return loaded
 
-    def record_metrics(self, metrics: dict[str, float]) -> None:
-        self._metrics.append(dict(metrics))
-
-    def take_metrics(self) -> tuple[list[dict[str, float]], list[dict[str, Any]], list[Any]]:
-        """Learner metrics, replica version switches (publishes, replicas that joined) and validation results
-        since the last call."""
-        joined = self._joined_replicas()
-        if joined:
-            self.switches.append({"version": max(joined.values()), "replicas": joined, "sync_s": None, "joined": True})
-            self._pending_switches.append(self.switches[-1])
-        # validations first: a step's validation is recorded before its learner metrics arrive
-        validations, self._validations = self._validations, []
-        out, self._metrics = self._metrics, []
-        switches, self._pending_switches = self._pending_switches, []
-        return out, switches, validations
-
-    def _joined_replicas(self) -> dict[str, int]:
-        """``{replica_id: loaded version}`` of live replicas no reported switch has named yet."""
+    def report_joined(self) -> None:
+        """Tell the sink about live replicas no reported switch has named yet."""
         live = ray.get(self._registry.live_replicas.remote())
         joined = {replica: version for replica, version in live.items() if replica not in self._reported}
         self._reported.update(joined)
-        return joined
+        if joined:
+            self.switches.append({"version": max(joined.values()), "replicas": joined, "sync_s": None, "joined": True})
+            ray.get(self.sink.switch.remote(self.switches[-1]))
 
     def weight_sync(self) -> list[dict[str, Any]]:
         return list(self.switches)
 
 
-AdapterBridgeActor = ray.remote(num_cpus=0)(AdapterBridge).options(max_concurrency=8)
+AdapterPublisherActor = ray.remote(num_cpus=0)(AdapterPublisher).options(max_concurrency=8)
+
+
+def merge_sources(**sources: dict[str, float]) -> dict[str, float]:
+    """One metrics row from several sources; a key two sources both report must agree (else it names both)."""
+    out: dict[str, float] = {}
+    owner: dict[str, str] = {}
+    for name, metrics in sources.items():
+        for key, value in metrics.items():
+            if key in out and out[key] != value and not (value != value and out[key] != out[key]):  # NaN == NaN
+                raise ValueError(f"metric {key!r}: {owner[key]} says {out[key]}, {name} says {value}")
+            out[key], owner[key] = value, owner.get(key, name)
+    return out
 
 
 def final_adapter(run_dir: Path) -> Path | None:

@@ -1,9 +1,9 @@
 """What a training run shows while it runs (apps layer): one progress bar of GRPO steps, one line per
 validation, each step's metrics to the tracker, verl's generation dumps.
 
-``follow_steps`` polls the adapter bridge for finished steps, validations and replica switches, joins each
-step's learner metrics with the buffer's rollout metrics of that step (and the validation taken at it), and
-hands the row to the ``RunTracker``. ``Reporter`` owns the console lines and dump files of validations and
+``follow_steps`` takes finished steps, validations and replica switches from the metrics sink, joins each
+step's learner metrics with the buffer's rollout metrics of that step, the admission counts and the validation
+taken at it (``merge_sources``: a key two sources report must agree), and hands the row to the ``RunTracker``. ``Reporter`` owns the console lines and dump files of validations and
 training batches.
 """
 
@@ -17,6 +17,7 @@ from typing import Any
 import ray
 from tqdm import tqdm
 
+from apps.driver import merge_sources
 from apps.tracking import RunTracker
 from apps.validation import ValidationResult, dump_generations, pick_generations, scored_from_trajectories
 from configs import TandemConfig
@@ -56,38 +57,42 @@ def _tail(text: str, limit: int) -> str:
     return text if len(text) <= limit else "…" + text[-limit:]
 
 
-def follow_steps(fit, bridge, buffer, coordinator, tracker: RunTracker, reporter: Reporter, total_steps: int) -> None:
-    """Log each finished step (learner + rollout + buffer metrics, and its validation) while the learner runs."""
+def follow_steps(fit, sink, publisher, buffer, coordinator, tracker: RunTracker, reporter: Reporter,
+                 total_steps: int) -> None:
+    """Log each finished step (learner + rollout + admission metrics, and its validation) while the learner runs."""
     pending_val: dict[int, ValidationResult] = {}
     want_batches = bool(reporter.trainer.rollout_data_dir)
     with tqdm(total=total_steps, desc="GRPO steps", unit="step", dynamic_ncols=True) as bar:
         while fit.is_alive() or bar.n < total_steps:
-            pending, switches, validations = ray.get(bridge.take_metrics.remote())
-            for switch in switches:
+            ray.get(publisher.report_joined.remote())
+            reports = ray.get(sink.take.remote())
+            for switch in reports.switches:
                 for replica, version in sorted(switch["replicas"].items()):
                     # "joined": a replica autoscaling started (or one up before the run) loaded the newest adapter.
                     how = "joined" if switch["joined"] else f"{switch['sync_s']:.2f}s after publish"
                     log.info("weight sync: replica %s now samples policy version %d (%s)", replica, version, how)
-            for result in validations:
+            for result in reports.validations:
                 reporter.validation(result, write=tqdm.write)
-                pending_val[result.step] = result
-            for learner in pending:
+                if result.step == 0:  # before training: no learner row to join
+                    tracker.log_step(0, result.metrics)
+                else:
+                    pending_val[result.step] = result
+            for learner in reports.learner:
                 step = int(learner["step"])
-                rollout = ray.get(buffer.pop_step_metrics.remote(step))
                 if want_batches:
                     reporter.training_batch(step, ray.get(buffer.pop_step_batch.remote(step)))
                 val = pending_val.pop(step).metrics if step in pending_val else {}
-                # each source has its own keys; learner last: the buffer's stats carry its *current* policy_version
-                metrics = {**rollout, **ray.get(buffer.stats.remote()), **ray.get(coordinator.stats.remote()), **val,
-                           **learner,
-                           "timing/step_s": learner.get("step_time_s", 0.0) + learner.get("batch_wait_s", 0.0)}
+                metrics = merge_sources(
+                    rollout=ray.get(buffer.pop_step_metrics.remote(step)), buffer=ray.get(buffer.stats.remote()),
+                    admission=ray.get(coordinator.stats.remote()), validation=val, learner=learner,
+                    driver={"timing/step_s": learner.get("step_time_s", 0.0) + learner.get("batch_wait_s", 0.0)})
                 tracker.log_step(step, metrics)
                 bar.update(1)
                 bar.set_postfix(reward=f"{metrics.get('reward/mean', 0):.2f}",
                                 acc=f"{metrics.get('reward/acc', float('nan')):.2f}",
                                 calls=f"{metrics.get('tool_calls/mean', 0):.2f}",
                                 bad_calls=int(metrics.get("tool_parse_errors/sum", 0)))
-            if not pending and not validations:
+            if not (reports.learner or reports.validations):
                 if not fit.is_alive():
                     break
                 time.sleep(0.5)

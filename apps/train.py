@@ -8,6 +8,7 @@ Ray Train GRPO learner → adapter → every rollout replica. Works on a local c
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import threading
@@ -20,14 +21,16 @@ import ray
 from agents.tools.registry import load_tools
 from agents.records import AdapterRef
 from apps.coordinator import CoordinatorActor
-from apps.driver import (AdapterBridgeActor, connect_ray, final_adapter, load_training_rows, summary_table,
-                         with_absolute_paths)
+from apps.coordinator import accounting as group_accounting
+from apps.driver import (AdapterPublisherActor, MetricsSinkActor, connect_ray, final_adapter, load_training_rows,
+                         summary_table, with_absolute_paths)
 from apps.progress import Reporter, final_paths, follow_steps
 from apps.rollout import attach_rollout_app, delete_rollout_app, deploy_rollout_app, deployed_apps
 from apps.tracking import RunTracker
 from apps.validation import Validator
 from configs import TandemConfig, load_config
 from deployments.agent_workers import AgentWorker, AgentWorkerSpec
+from trainers.admission import AdmissionController
 from trainers.buffer import TrajectoryBuffer
 from trainers.trainer import build_trainer
 
@@ -77,10 +80,12 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
     rollout = attach_rollout_app(cfg.serve.app_name, base=base) if attached else deploy_rollout_app(cfg, base=base)
     log.info("%s rollout app %r", "attached to" if attached else "deployed", cfg.serve.app_name)
 
-    # 3. Buffer (bounded, staleness-aware), agent workers, validation before training, the bridge, the coordinator.
+    # 3. Buffer (a bounded queue), agent workers, validation before training, the coordinator (admission), the
+    #    publisher and the metrics sink.
+    stream = cfg.stream
     buffer = ray.remote(num_cpus=0)(TrajectoryBuffer).remote(
-        batch_groups=batch, max_staleness=cfg.stream.max_staleness, capacity_groups=cfg.stream.buffer_groups,
-        streaming=cfg.stream.enabled, keep_batches=bool(cfg.trainer.rollout_data_dir))
+        batch_groups=batch, capacity_groups=stream.buffer_groups, max_staleness=stream.max_staleness,
+        drop_stale=stream.enabled and stream.abort_stale, keep_batches=bool(cfg.trainer.rollout_data_dir))
     run_id = tracker.mlflow_run_id or uuid.uuid4().hex[:8]
     spec = AgentWorkerSpec.from_config(cfg, tokenizer_path=tokenizer_path)
     tracer_factory = _tracer_factory(cfg, run_id)
@@ -89,25 +94,37 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
     validator = Validator.from_config(cfg, val_rows, workers, run_id) if val_rows else None
     reporter = Reporter(cfg, tracker, tokenizer)
     started = time.perf_counter()
-    if validator is not None and (cfg.trainer.val_before_train or cfg.trainer.val_only):
-        result = validator.run(0)  # before any training rollout: the whole machine validates the start policy
-        reporter.validation(result)
-        tracker.log_step(0, result.metrics)
     if cfg.trainer.val_only:
+        if validator is not None:
+            result = validator.run(0)
+            reporter.validation(result)
+            tracker.log_step(0, result.metrics)
         return _finish(cfg, tracker, reporter, attached, {}, started)
-    bridge = AdapterBridgeActor.remote(cfg.serve.app_name, buffer, validator=validator,
-                                       test_freq=cfg.trainer.test_freq, total_steps=total_steps)
-    coordinator = CoordinatorActor.remote(rows, workers, buffer, seed=cfg.trainer.seed,
+    if stream.enabled and stream.max_staleness > 0 and cfg.actor_rollout_ref.actor.tis_imp_ratio_cap <= 0:
+        log.warning("stream.max_staleness=%d: tokens sampled by older policy versions are trained without an "
+                    "importance correction; set actor_rollout_ref.actor.tis_imp_ratio_cap (e.g. 2.0) to reweight "
+                    "them by their behaviour log-probs", stream.max_staleness)
+    admission = AdmissionController(batch, stream.max_staleness, streaming=stream.enabled,
+                                    abort_stale=stream.abort_stale)
+    coordinator = CoordinatorActor.remote(rows, workers, buffer, admission, seed=cfg.trainer.seed,
                                           shuffle=cfg.data.shuffle, run_id=run_id)
+    ray.get(buffer.set_drop_listener.remote(coordinator))
+    sink = MetricsSinkActor.remote()
+    publisher = AdapterPublisherActor.remote(cfg.serve.app_name, coordinator, sink, validator=validator,
+                                             test_freq=cfg.trainer.test_freq, total_steps=total_steps)
     coordinator_done = coordinator.run.remote()
+    if validator is not None and cfg.trainer.val_before_train:
+        # Version 0 is validated while the learner starts and the first groups generate (both with version 0);
+        # the first publish waits for it. The result reaches the console and metrics through the sink.
+        publisher.validate_start.remote()
 
-    # 4. The learner: Ray Train GRPO in a thread; each step's metrics arrive through the bridge.
-    trainer = build_trainer(cfg, source=buffer, publisher=bridge, total_steps=total_steps)
+    # 4. The learner: Ray Train GRPO in a thread; each step's metrics arrive through the sink.
+    trainer = build_trainer(cfg, source=buffer, publisher=publisher, total_steps=total_steps, metrics_sink=sink)
     outcome: dict = {}
     fit = threading.Thread(target=lambda: outcome.update(result=trainer.fit()), daemon=True)
     try:
         fit.start()
-        follow_steps(fit, bridge, buffer, coordinator, tracker, reporter, total_steps)
+        follow_steps(fit, sink, publisher, buffer, coordinator, tracker, reporter, total_steps)
         fit.join()
         result = outcome.get("result")
         if result is None or result.error is not None:
@@ -117,9 +134,16 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
     finally:
         ray.get(coordinator.stop.remote())
         ray.get(buffer.close.remote())
-        ray.get(coordinator_done)
-        accounting = {k: v for k, v in ray.get(buffer.stats.remote()).items() if k.startswith("groups/")}
-    return _finish(cfg, tracker, reporter, attached, accounting, started)
+        admitted = ray.get(coordinator_done)
+        failure = ray.get(coordinator.failure.remote())
+        accounting = group_accounting(admitted, ray.get(buffer.stats.remote()))
+        (run_dir / "accounting.json").write_text(json.dumps(accounting, indent=1) + "\n")
+        if not accounting["groups/balanced"]:
+            log.error("group accounting does not add up: %s", accounting)
+    code = _finish(cfg, tracker, reporter, attached, accounting, started)
+    if failure:
+        raise RuntimeError(f"rollouts failed: {failure}")
+    return code
 
 
 def _finish(cfg: TandemConfig, tracker: RunTracker, reporter: Reporter, attached: bool, accounting: dict,

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import ray
 
+from agents.data.rows import DatasetRow
 from agents.records import SamplingParams, ScoredSample, Trajectory
 from configs import TandemConfig
 
@@ -127,7 +128,7 @@ def val_sampling(cfg: TandemConfig) -> SamplingParams:
 class Validator:
     """Runs the validation rows on the agent workers; plain and picklable (the adapter bridge actor holds a copy)."""
 
-    def __init__(self, rows: list[dict[str, Any]], workers: list[Any], *, n: int, sampling: SamplingParams,
+    def __init__(self, rows: list[DatasetRow], workers: list[Any], *, n: int, sampling: SamplingParams,
                  batch_size: int | None, run_id: str):
         if not rows:
             raise ValueError("no validation rows")
@@ -139,7 +140,7 @@ class Validator:
         self.run_id = run_id
 
     @classmethod
-    def from_config(cls, cfg: TandemConfig, rows: list[dict[str, Any]], workers: list[Any], run_id: str) -> Validator:
+    def from_config(cls, cfg: TandemConfig, rows: list[DatasetRow], workers: list[Any], run_id: str) -> Validator:
         vk = cfg.actor_rollout_ref.rollout.val_kwargs
         return cls(rows, workers, n=vk.n, sampling=val_sampling(cfg), batch_size=cfg.data.val_batch_size,
                    run_id=run_id)

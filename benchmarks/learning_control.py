@@ -23,6 +23,8 @@ from pathlib import Path
 
 from configs import load_config
 
+GOAL = "held-out acc: GRPO delta >= +0.15, lr=0 control |delta| < 0.03"
+
 GOAL_DELTA, CONTROL_LIMIT = 0.15, 0.03
 
 

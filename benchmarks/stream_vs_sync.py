@@ -1,10 +1,10 @@
-"""Streaming vs batch-synchronous GRPO: wall time per training step on a long-tailed response-length mix,
-all modes measured in one run.
+"""Streaming vs batch-synchronous GRPO on a long-tailed response-length mix: trained response tokens per wall
+second, and whether streaming trains the long samples as often as it generates them. All modes in one run.
 
-Real parts: ``HFEngine`` generation (step-level batching) on a random tiny Qwen2, the ``TrajectoryBuffer``
-(admission bounded by ``max_staleness``, first complete groups win), the real GRPO step
-(``trainers.step.train_step``, FSDP2 over one gloo rank) and real weight sync: after every step the
-learner writes its LoRA adapter and the engine loads it before the buffer's version moves on. As in a
+Real parts: ``HFEngine`` generation (step-level batching) on a random tiny Qwen2, the ``AdmissionController``
+(AReaL's capacity rule) and ``TrajectoryBuffer`` (a bounded queue, first complete groups win), the real GRPO
+step (``trainers.step.train_step``, FSDP2 over one gloo rank) and real weight sync: after every step the
+learner writes its LoRA adapter and the engine loads it before admission hears the new version. As in a
 real run, the engine has its own process (a rollout replica) and the learner another (a Ray Train
 worker), one core each; Ray itself is left out so that only the scheduling differs between the modes.
 Response lengths are drawn per sample from a long-tailed mix (85% 16-48 tokens, 15% 512-1024: agent
@@ -12,12 +12,20 @@ episodes that hit tool loops) and forced by ``max_new_tokens`` with EOS disabled
 same sequence of groups and lengths.
 
 - sync: generate every group of the batch (the slowest decides), train, sync weights; no generation
-  while training.
-- stream: keep generating within ``--max-staleness`` (default 2); the learner takes the first complete
-  groups; weight syncs interrupt running generations, which continue with the new adapter (partial
-  rollouts, ``stream.partial_rollout: true``, the default).
+  while training (verl's synchronous trainer).
+- stream: admission runs ``--max-staleness`` (default 2) versions ahead; every admitted group finishes and is
+  trained; weight syncs interrupt running generations, which continue with the new adapter (partial rollouts,
+  the defaults ``stream.partial_rollout: true``, ``stream.abort_stale: false``).
 - stream-drain: the same, but a weight sync waits for the running generations to finish
   (``stream.partial_rollout: false``): shows what one long generation costs every sync.
+- stream-abort: the older behaviour (``stream.abort_stale: true``): groups that can no longer be fresh are
+  aborted or dropped. Faster per step because it trains shorter samples: the long-share columns show it.
+
+The headline is trained response tokens per wall second (steps 2..; the first includes warm-up everywhere).
+"Generated" long share is over the samples of every group whose generation ended (finished, aborted or
+dropped; not those still running when a mode stops), the long threshold the 90th percentile of those lengths. Last line: ``stream/sync trained tokens/s: X.XXx (long share trained A%
+vs generated B%) PASS|FAIL``; PASS when the ratio is >= 2.0 and stream's trained long share is within 2 points
+of the generated one.
 
     python -m benchmarks.stream_vs_sync [--steps 8] [--groups 4] [--n 4] [--max-staleness 2]
 """
@@ -42,13 +50,18 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from agents.records import AdapterRef, SamplingParams, Trajectory
 from configs import load_config
 from deployments.engines.hf_engine import HFEngine, SwapMode
+from trainers.admission import AdmissionController
 from trainers.buffer import TrajectoryBuffer
 from trainers.model import build_policy, gather_adapter, save_adapter
 from trainers.step import StepSettings, train_step
 from trainers.worker import build_optimizer, make_scheduler
 
+GOAL = "stream/sync trained tokens/s >= 2.0x, long share trained within 2 points of generated"
+
 VOCAB, PROMPT, MAX_RESPONSE = 1000, 48, 1024
-MODES: dict[str, SwapMode] = {"sync": "drain", "stream": "interrupt", "stream-drain": "drain"}
+MODES: dict[str, SwapMode] = {"sync": "drain", "stream": "interrupt", "stream-drain": "drain",
+                             "stream-abort": "interrupt"}
+GOAL_RATIO, LONG_SHARE_POINTS = 2.0, 2.0
 
 
 def lengths_for(group: int, n: int) -> list[int]:
@@ -133,6 +146,8 @@ class Run:
         self.engine, self.adapter_dir = engine, adapter_dir
         self.groups, self.n, self.steps = args.groups, args.n, args.steps
         self.trained_lengths: list[int] = []
+        self.trained_by_step: list[int] = []  # response tokens trained per step
+        self.settled_groups: list[int] = []  # groups whose generation ended: finished, or aborted in flight
         self.sync_s: list[float] = []
         self.wait_s: list[float] = []  # waiting for rollouts (sync: generating the batch)
         self.train_s: list[float] = []  # GRPO step + writing the adapter
@@ -166,6 +181,7 @@ class Run:
     async def learn(self, batch: list[Trajectory], step: int) -> None:
         """One GRPO step, then weight sync: write the adapter, the engine loads it."""
         self.trained_lengths.extend(len(t.response_ids) for t in batch)
+        self.trained_by_step.append(sum(len(t.response_ids) for t in batch))
         started = time.perf_counter()
         await asyncio.to_thread(train_step, self.model, self.optimizer, self.scheduler, batch, step, self.settings)
         path = await asyncio.to_thread(save_adapter, self.model, gather_adapter(self.model), self.adapter_dir / f"v{step}")
@@ -178,6 +194,7 @@ class Run:
         times, cursor = [], 0
         for step in range(1, self.steps + 1):
             started = time.perf_counter()
+            self.settled_groups.extend(range(cursor, cursor + self.groups))
             groups = await asyncio.gather(*(self.group(cursor + g) for g in range(self.groups)))
             cursor += self.groups
             await self.learn([t for g in groups for t in g], step)
@@ -185,27 +202,40 @@ class Run:
             self.wait_s.append(times[-1] - self.train_s[-1] - self.sync_s[-1])
         return times
 
-    async def stream(self, max_staleness: int) -> list[float]:
-        buffer = TrajectoryBuffer(self.groups, max_staleness, capacity_groups=4 * self.groups, streaming=True)
-        cursor, tasks = 0, {}  # in flight: task -> (group id, version it started at)
+    async def stream(self, max_staleness: int, abort_stale: bool) -> list[float]:
+        """As ``apps.coordinator``: admit tickets, start groups, sleep until a publish, a group's end or a drop."""
+        admission = AdmissionController(self.groups, max_staleness, abort_stale=abort_stale)
+        buffer = TrajectoryBuffer(self.groups, capacity_groups=4 * self.groups, max_staleness=max_staleness,
+                                  drop_stale=abort_stale)
+        wake = asyncio.Event()
+        tasks: dict[int, tuple[asyncio.Task, str]] = {}  # ticket id -> (task, group id)
 
-        async def produce(index: int) -> None:
-            await buffer.put_group(await self.group(index))
+        def dropped(count: int) -> None:
+            admission.dropped(count)
+            wake.set()
 
-        async def coordinator() -> None:  # as apps.coordinator: admit, start, abandon what can't be fresh
-            nonlocal cursor
+        buffer.set_drop_listener(dropped)
+
+        async def produce(ticket_id: int, index: int) -> None:
+            try:
+                group = await self.group(index)
+                self.settled_groups.append(index)
+                await buffer.put_group(group)
+                admission.finished(ticket_id)
+            finally:
+                tasks.pop(ticket_id, None)
+                wake.set()
+
+        async def coordinator() -> None:
+            cursor = 0
             while not buffer.closed:
-                version = buffer.version  # read before admitting, as apps.coordinator does
-                for _ in range(await buffer.admit(64)):
-                    task = asyncio.create_task(produce(cursor))
-                    tasks[task] = (f"g{cursor}", version)
-                    task.add_done_callback(lambda t: tasks.pop(t, None))
+                wake.clear()
+                tickets = admission.admit(64)
+                for ticket in tickets:
+                    tasks[ticket.id] = (asyncio.create_task(produce(ticket.id, cursor)), f"g{cursor}")
                     cursor += 1
-                _, oldest = await buffer.staleness_window()
-                for task, (group_id, version) in list(tasks.items()):
-                    if version < oldest and await buffer.abandon(group_id):
-                        task.cancel()
-                await asyncio.sleep(0.01)
+                if not tickets:
+                    await wake.wait()
 
         coord = asyncio.create_task(coordinator())
         times = []
@@ -214,16 +244,34 @@ class Run:
             batch = await buffer.next_batch(step)
             self.wait_s.append((await buffer.pop_step_metrics(step))["timing/wait_batch_s"])
             await self.learn(batch, step)
-            await buffer.set_version(step)
+            doomed = admission.on_publish(step)  # the publish push
+            if doomed:
+                await buffer.discard([tasks[t.id][1] for t in doomed if t.id in tasks])
+                for ticket in doomed:
+                    if ticket.id in tasks:
+                        tasks[ticket.id][0].cancel()
+                        self.settled_groups.append(int(tasks[ticket.id][1][1:]))
+            wake.set()
             times.append(time.perf_counter() - started)
-        stats = await buffer.stats()
-        self.accounting = "groups " + ", ".join(f"{key.split('/')[1]}={int(stats[key])}" for key in (
-            "groups/admitted", "groups/trained", "groups/dropped_stale", "groups/aborted_in_flight", "groups/left_over"))
+        stats, adm = await buffer.stats(), admission.stats()
+        self.accounting = (f"groups admitted={int(adm['groups/admitted'])}, trained={int(stats['groups/trained'])}, "
+                           f"aborted={int(adm['groups/aborted_in_flight'])}, "
+                           f"dropped={int(stats['groups/dropped_stale'])}, "
+                           f"left over={int(stats['buffer/depth'] + adm['groups/in_flight'])}")
         await buffer.close()
         coord.cancel()
-        for task in list(tasks):
+        for task, _ in list(tasks.values()):
             task.cancel()
         return times
+
+    def long_shares(self) -> tuple[float, float, float]:
+        """(threshold, trained long share, generated long share) over the groups whose generation ended (finished,
+        aborted or dropped; not those still running when the mode stopped): the threshold is the 90th percentile of
+        their samples' lengths."""
+        generated = sorted(k for g in set(self.settled_groups) for k in lengths_for(g, self.n))
+        threshold = generated[min(len(generated) - 1, round(0.9 * (len(generated) - 1)))]
+        share = lambda xs: sum(x > threshold for x in xs) / len(xs)  # noqa: E731
+        return threshold, share(self.trained_lengths), share(generated)
 
 
 def main() -> None:
@@ -243,27 +291,36 @@ def main() -> None:
                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
                              tie_word_embeddings=True)
         Qwen2ForCausalLM(config).save_pretrained(model_dir)
-        results = {}
+        results, shares = {}, {}
         for mode, swap in MODES.items():
             engine = EngineProcess(model_dir, swap)
             run = Run(engine, model_dir, Path(tmp) / mode, args)
-            times = asyncio.run(run.sync() if mode == "sync" else run.stream(args.max_staleness))
+            times = asyncio.run(run.sync() if mode == "sync" else run.stream(args.max_staleness, mode == "stream-abort"))
             engine_stats = asyncio.run(engine.call("stats", "stats"))
             engine.close()
-            results[mode] = statistics.mean(times[1:])  # the first step includes warm-up in every mode
-            print(f"{mode:>12}: step times {[round(t, 2) for t in times]}  mean (steps 2..) {results[mode]:.2f}s\n"
+            results[mode] = sum(run.trained_by_step[1:]) / sum(times[1:])  # the first step includes warm-up
+            threshold, trained_long, generated_long = run.long_shares()
+            shares[mode] = (trained_long, generated_long)
+            print(f"{mode:>12}: step times {[round(t, 2) for t in times]}  trained tokens/s (steps 2..) "
+                  f"{results[mode]:.0f}\n"
                   f"{'':>14}waiting for rollouts {statistics.mean(run.wait_s[1:]):.2f}s, training "
                   f"{statistics.mean(run.train_s[1:]):.2f}s, weight sync {statistics.mean(run.sync_s[1:]):.2f}s; "
-                  f"trained response length mean {statistics.mean(run.trained_lengths):.0f}; {run.accounting}\n"
-                  f"{'':>14}engine: {engine_stats['generated_tokens']} tokens generated, "
+                  f"trained response length mean {statistics.mean(run.trained_lengths):.0f}; "
+                  f"long share (> {threshold} tokens) trained {100 * trained_long:.1f}% vs generated "
+                  f"{100 * generated_long:.1f}%\n"
+                  f"{'':>14}{run.accounting}; engine: {engine_stats['generated_tokens']} tokens generated, "
                   f"{engine_stats['decode_rows'] / max(engine_stats['steps'], 1):.1f} rows per decode step, "
                   f"{engine_stats['recomputed_tokens']} tokens recomputed after weight syncs")
     print(f"{args.groups} groups x {args.n} samples per step, max_staleness {args.max_staleness}, response lengths "
           f"85% 16-48 / 15% {MAX_RESPONSE // 2}-{MAX_RESPONSE} tokens")
-    print(f"without partial rollouts (sync step time / stream-drain step time): "
-          f"{results['sync'] / results['stream-drain']:.2f}x")
-    print(f"streaming speedup (sync step time / stream step time): {results['sync'] / results['stream']:.2f}x "
-          f"(goal >= 2x)")
+    for mode in ("stream-drain", "stream-abort"):
+        print(f"{mode}/sync trained tokens/s: {results[mode] / results['sync']:.2f}x "
+              f"(long share trained {100 * shares[mode][0]:.1f}% vs generated {100 * shares[mode][1]:.1f}%)")
+    ratio = results["stream"] / results["sync"]
+    trained_long, generated_long = shares["stream"]
+    ok = ratio >= GOAL_RATIO and abs(trained_long - generated_long) * 100 <= LONG_SHARE_POINTS
+    print(f"stream/sync trained tokens/s: {ratio:.2f}x (long share trained {100 * trained_long:.0f}% vs generated "
+          f"{100 * generated_long:.0f}%) {'PASS' if ok else 'FAIL'}")
     dist.destroy_process_group()
 
 

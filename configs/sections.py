@@ -183,9 +183,16 @@ class StreamConfig(Section):
     enabled: bool = True
     """Train on groups as they complete while generation goes on (False = batch-synchronous baseline)."""
     max_staleness: int = Field(default=1, ge=0, le=64)
-    """Most policy versions a trained group may lag behind the learner (0 = on-policy)."""
+    """How many policy versions generation may run ahead of the learner (0 = on-policy), applied when a group
+    is admitted (AReaL's rule): at version ``v`` at most ``(v + max_staleness + 1) × train_batch_size`` groups
+    have been started. An admitted group always finishes and is trained (see ``abort_stale``)."""
+    abort_stale: bool = False
+    """The older behaviour, for comparison: a publish aborts in-flight groups that started more than
+    ``max_staleness`` versions ago, and queued groups that became too stale are dropped (both counted, with
+    the dropped groups' lengths). It biases training toward short episodes; the default never abandons."""
     buffer_groups: int | None = Field(default=None, ge=1)
-    """Capacity of the trajectory buffer in groups (default ``2 × train_batch_size``)."""
+    """Capacity of the trajectory queue in groups (default ``(max_staleness + 1) × train_batch_size``); a
+    finished group waits for room (back-pressure) instead of being dropped."""
     partial_rollout: bool = True
     """Weight syncs interrupt running generations instead of waiting for them (streaming, ``hf`` engine):
     the rows continue with the new adapter after their KV cache is recomputed, so one long episode never

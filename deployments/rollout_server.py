@@ -142,6 +142,7 @@ class RolloutServer:
             finish_reason=out.finish_reason,
             policy_version=out.policy_version,
             replica_id=self.replica_id,
+            token_versions=out.token_versions,
         )
 
     async def load_adapter(self, ref: AdapterRef) -> int:

@@ -236,7 +236,7 @@ def save_full_model(model, spec: SFTSpec) -> None:
 def run_sft(sft: SFTConfig, model: ModelConfig, fsdp: FSDPConfig, *, num_workers: int, device: str, seed: int,
             experiment_name: str = "sft") -> SFTResult:
     """Tokenize on the driver, train on ``num_workers`` Ray Train workers, return per-step metrics."""
-    from ray.train import RunConfig, ScalingConfig
+    from ray.train import LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
     from transformers import AutoTokenizer
 
@@ -263,7 +263,8 @@ def run_sft(sft: SFTConfig, model: ModelConfig, fsdp: FSDPConfig, *, num_workers
         train_loop_config={"spec": SFTSpec(sft, model, fsdp, device, seed, transcripts, num_threads=threads)},
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu),
-        run_config=RunConfig(name=experiment_name, storage_path=str(out.parent / f"{out.name}.ray_train")),
+        run_config=RunConfig(name=experiment_name, storage_path=str(out.parent / f"{out.name}.ray_train"),
+                             logging_config=LoggingConfig(log_level="WARNING")),
     )
     result = trainer.fit()
     if result.error is not None:

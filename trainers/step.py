@@ -158,11 +158,11 @@ def batch_metrics(
 ) -> dict[str, float]:
     """Advantage stats over policy tokens (as verl) and response-length stats over trajectories."""
     adv = torch.tensor([a for t, a in zip(trajectories, advantages) for _ in range(t.num_policy_tokens)])
-    lengths = torch.tensor([float(len(t.response_ids)) for t in trajectories])
-    out = {
-        "response_length/mean": lengths.mean().item(),
-        "response_length/max": lengths.max().item(),
-        "response_length/clip_ratio": (lengths >= max_response_length).float().mean().item(),
+    lengths = [len(t.response_ids) for t in trajectories]
+    out = {  # plain floats: the buffer reports the same two from the same batch, and they must agree
+        "response_length/mean": sum(lengths) / len(lengths),
+        "response_length/max": float(max(lengths)),
+        "response_length/clip_ratio": sum(n >= max_response_length for n in lengths) / len(lengths),
     }
     if adv.numel():
         out.update({"advantages/mean": adv.mean().item(), "advantages/std": adv.std(unbiased=False).item(),

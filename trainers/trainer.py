@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from configs import TandemConfig
@@ -24,25 +24,27 @@ def _use_gpu(device: str) -> bool:
     return device == "cuda" or (device == "auto" and torch.cuda.is_available())
 
 
-def worker_spec(cfg: TandemConfig, source: Any, publisher: Any, total_steps: int | None = None) -> WorkerSpec:
+def worker_spec(cfg: TandemConfig, source: Any, publisher: Any, total_steps: int | None = None,
+                metrics_sink: Any = None) -> WorkerSpec:
     """The worker's slice of the experiment config (each component gets only its own sections)."""
     arr = cfg.actor_rollout_ref
     return WorkerSpec(
         actor=arr.actor, model=arr.model, algorithm=cfg.algorithm, trainer=cfg.trainer,
         max_response_length=cfg.data.max_response_length, temperature=arr.rollout.temperature,
         run_dir=str(Path(cfg.trainer.run_dir).resolve()), source=source, publisher=publisher,
-        total_steps=total_steps if total_steps is not None else cfg.trainer.total_training_steps,
+        metrics_sink=metrics_sink, total_steps=total_steps if total_steps is not None else cfg.trainer.total_training_steps,
     )
 
 
 def build_trainer(
     cfg: TandemConfig, source: Any, publisher: Any = None, *, total_steps: int | None = None,
-    num_cpus_per_worker: float = 1.0,
+    num_cpus_per_worker: float = 1.0, metrics_sink: Any = None,
 ) -> TorchTrainer:
-    """A ``TorchTrainer`` running ``train_loop_per_worker`` over ``source``, publishing to ``publisher``."""
+    """A ``TorchTrainer`` running ``train_loop_per_worker`` over ``source``, publishing to ``publisher`` and
+    reporting each step's metrics to ``metrics_sink`` (an actor handle with ``learner(metrics)``) when given."""
     trainer_cfg = cfg.trainer
     use_gpu = _use_gpu(trainer_cfg.device)
-    spec = worker_spec(cfg, source, publisher, total_steps)
+    spec = worker_spec(cfg, source, publisher, total_steps, metrics_sink)
     resources = None if use_gpu else {"CPU": num_cpus_per_worker}
     return TorchTrainer(
         train_loop_per_worker,
@@ -57,6 +59,8 @@ def build_trainer(
             storage_path=str(Path(spec.run_dir) / "ray_train"),
             failure_config=FailureConfig(max_failures=trainer_cfg.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=trainer_cfg.max_actor_ckpt_to_keep),
+            # Ray Train's per-report and worker-group INFO lines stay in its log files, off the console
+            logging_config=LoggingConfig(log_level="WARNING"),
         ),
     )
 

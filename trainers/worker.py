@@ -52,6 +52,7 @@ class WorkerSpec:
     run_dir: str  # absolute
     source: Any  # TrajectorySource actor handle
     publisher: Any = None  # actor handle with publish(ref), or a callable
+    metrics_sink: Any = None  # actor handle with learner(metrics): the streaming driver logs them per step
     total_steps: int | None = None  # stop after this many steps; also the cosine horizon
 
 
@@ -209,8 +210,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         metrics.update(step=float(step), policy_version=float(progress.policy_version), batch_wait_s=wait_s)
         if rank == 0:
             append_metrics(spec.run_dir, metrics)
-            if _has_method(spec.publisher, "record_metrics"):  # the streaming driver logs them per step
-                ray.get(spec.publisher.record_metrics.remote(metrics))
+            if spec.metrics_sink is not None:
+                ray.get(spec.metrics_sink.learner.remote(metrics))
         last = spec.total_steps is not None and step == spec.total_steps
         checkpoint = (save_freq > 0 and step % save_freq == 0) or (last and save_freq != 0)
         _report(spec, model, optimizer, scheduler, progress, metrics, checkpoint, rank)

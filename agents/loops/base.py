@@ -91,6 +91,7 @@ class Progress:
     response_ids: list[int] = field(default_factory=list)
     response_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    token_versions: list[int] = field(default_factory=list)  # per response token; -1 on tool/user tokens
     messages: list[Message] = field(default_factory=list)
     last_output: tuple[int, ...] = ()
     last_parsed: ParsedToolCalls | None = None
@@ -224,6 +225,7 @@ class AgentLoop:
         p.response_ids.extend(result.token_ids)
         p.response_mask.extend([1] * len(result.token_ids))
         p.logprobs.extend(result.logprobs)
+        p.token_versions.extend(result.token_versions or [result.policy_version] * len(result.token_ids))
         p.last_output = result.token_ids
         p.assistant_turns += 1
         p.add("num_generate_calls", 1)
@@ -238,6 +240,7 @@ class AgentLoop:
         self.p.response_ids.extend(ids)
         self.p.response_mask.extend([0] * len(ids))
         self.p.logprobs.extend([0.0] * len(ids))
+        self.p.token_versions.extend([-1] * len(ids))
 
     # -- tools and reward -----------------------------------------------------------------------
 
@@ -290,6 +293,7 @@ class AgentLoop:
             reward=reward.score,
             reward_extra=reward.extra,
             policy_version=p.policy_version or 0,
+            token_versions=tuple(p.token_versions),
             agent_name=self.agent_name,
             termination=p.termination,
             num_turns=p.assistant_turns,

@@ -197,3 +197,101 @@ def keep_rows(batch: RunningBatch, rows: list[int]) -> RunningBatch | None:
         layer.keys = layer.keys[index, :, start:]
         layer.values = layer.values[index, :, start:]
     return RunningBatch([batch.requests[i] for i in rows], batch.cache, mask[:, start:], batch.next_ids[index])
+
+
+@dataclass(eq=False)
+class _Prefix:
+    tokens: tuple[int, ...]
+    keys: list[torch.Tensor]  # per layer [1, H, P, D]
+    values: list[torch.Tensor]
+
+
+class PrefixCache:
+    """Keys and values of a few recently seen prompt prefixes (agent prompts share a long system prompt with the
+    tool schemas; a multi-turn episode's next prompt starts with its previous one), for one adapter.
+
+    It fills itself without extra work: after a prefill, the common token prefix of the new prompt and the
+    previous one (when at least ``min_tokens`` long) is cut out of the cache the prefill just built (a causal
+    model's keys and values at position t depend only on tokens up to t). The engine also ``store``s the common
+    prefix of prompts admitted together, forwarded once, before prefilling them. ``lookup`` returns the longest stored
+    prefix that starts every given prompt and leaves at least one token to forward. ``clear`` on every adapter
+    change: the keys and values depend on the weights. At most ``entries`` prefixes, least recently used out.
+    """
+
+    def __init__(self, min_tokens: int = 32, entries: int = 4):
+        self.min_tokens = min_tokens
+        self.entries = entries
+        self._items: list[_Prefix] = []
+        self._last: tuple[int, ...] = ()
+
+    @property
+    def enabled(self) -> bool:
+        return self.min_tokens > 0 and self.entries > 0
+
+    def clear(self) -> None:
+        self._items, self._last = [], ()
+
+    def lookup(self, prompts: Sequence[Sequence[int]]) -> _Prefix | None:
+        if not self.enabled:
+            return None
+        shortest = min(len(p) for p in prompts)
+        best = None
+        for item in self._items:
+            n = len(item.tokens)
+            if n < shortest and (best is None or n > len(best.tokens)) and all(
+                    tuple(p[:n]) == item.tokens for p in prompts):
+                best = item
+        if best is not None:  # most recently used last
+            self._items.remove(best)
+            self._items.append(best)
+        return best
+
+    def remember(self, prompt: Sequence[int], cache: DynamicCache, row: int) -> None:
+        """Store the prefix ``prompt`` shares with the previously remembered prompt, cut from ``cache`` row ``row``
+        (whose first ``len(prompt)`` positions hold ``prompt``'s keys and values)."""
+        if not self.enabled:
+            return
+        tokens = tuple(prompt)
+        previous, self._last = self._last, tokens
+        common = 0
+        limit = min(len(tokens), len(previous))
+        while common < limit and tokens[common] == previous[common]:
+            common += 1
+        if common >= self.min_tokens:
+            self.store(tokens[:common], cache, row)
+
+    def covers(self, prefix: Sequence[int]) -> bool:
+        """Whether a stored prefix at least as long as ``prefix`` starts with it."""
+        n = len(prefix)
+        return any(len(item.tokens) >= n and item.tokens[:n] == tuple(prefix) for item in self._items)
+
+    def store(self, tokens: Sequence[int], cache: DynamicCache, row: int) -> None:
+        """Keep ``tokens``' keys and values: the first ``len(tokens)`` positions of ``cache`` row ``row``."""
+        tokens = tuple(tokens)
+        if not self.enabled or any(item.tokens == tokens for item in self._items):
+            return
+        n = len(tokens)
+        keys = [layer.keys[row: row + 1, :, :n].clone() for layer in cache.layers]
+        values = [layer.values[row: row + 1, :, :n].clone() for layer in cache.layers]
+        self._items.append(_Prefix(tokens, keys, values))
+        if len(self._items) > self.entries:
+            self._items.pop(0)
+
+
+def common_prefix(sequences: Sequence[Sequence[int]]) -> int:
+    """Length of the token prefix all ``sequences`` share."""
+    first, n = sequences[0], min(len(s) for s in sequences)
+    k = 0
+    while k < n and all(s[k] == first[k] for s in sequences):
+        k += 1
+    return k
+
+
+def cache_from_prefix(config, prefix: _Prefix, rows: int) -> DynamicCache:
+    """A growing cache holding ``prefix``'s keys and values in each of ``rows`` rows, ready to extend."""
+    cache = growing_cache(config)
+    for layer, k, v in zip(cache.layers, prefix.keys, prefix.values):
+        layer.lazy_initialization(k, v)  # marks the layer initialized, so update() extends instead of resetting
+        layer.keys = k.expand(rows, -1, -1, -1)
+        layer.values = v.expand(rows, -1, -1, -1)
+    return cache

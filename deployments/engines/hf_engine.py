@@ -17,6 +17,12 @@ So this engine batches at the step level itself (sampling and cache bookkeeping:
   row's KV cache and last logits are copied to the others, which then sample their own first token.
   The forward of the distinct prompts is the same unpadded forward, so outputs do not change
   (``stats``: ``prefill_tokens`` computed, ``prefill_tokens_shared`` copied instead).
+- Prompts that start with a recently seen prefix (an agent's system prompt with its tool schemas, ~200 tokens
+  of every demo prompt; a multi-turn episode's earlier turns) reuse its keys and values: ``PrefixCache`` cuts
+  the common prefix of consecutive prompts out of a prefill's own cache (no extra forward), and a later
+  prefill forwards only the rest (``stats``: ``prefill_tokens_cached``). Cleared on every adapter change.
+  The rest is forwarded against cached keys instead of the whole prompt at once, so log-probs may differ
+  from the one-pass forward in the last float bits (``prefix_cache_min_tokens=0`` turns it off).
 - Each row samples with its own temperature / top-k / top-p and its own ``torch.Generator`` (seeded
   from ``SamplingParams.seed``), so a seeded request is reproducible whatever it is batched with.
 - Log-probs are those of the sampled tokens under the raw model distribution (``log_softmax`` of the
@@ -46,8 +52,8 @@ from transformers.cache_utils import DynamicLayer
 from agents.records import AdapterRef, SamplingParams
 from deployments.engines.base import EngineOutput, PromptTooLong
 from deployments.engines.hf_attention import ATTENTION
-from deployments.engines.hf_batch import (RequestState, RunningBatch, growing_cache, keep_rows, merge_batches,
-                                          repeat_rows, sample_next)
+from deployments.engines.hf_batch import (PrefixCache, RequestState, RunningBatch, cache_from_prefix, common_prefix,
+                                          growing_cache, keep_rows, merge_batches, repeat_rows, sample_next)
 
 DType = Literal["float32", "bfloat16", "float16"]
 SwapMode = Literal["drain", "interrupt"]
@@ -81,6 +87,8 @@ class HFEngine:
         num_threads: int | None = None,
         attn_implementation: str = ATTENTION,
         swap: SwapMode = "drain",
+        prefix_cache_min_tokens: int = 32,
+        prefix_cache_entries: int = 4,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"HFEngine({model_path!r}): max_batch_size must be >= 1, got {max_batch_size}")
@@ -110,8 +118,10 @@ class HFEngine:
         self._batch: RunningBatch | None = None
         self._wake: asyncio.Event | None = None
         self._loop_task: asyncio.Task | None = None
+        self._prefixes = PrefixCache(prefix_cache_min_tokens, prefix_cache_entries)
         self._stats = {"steps": 0, "decode_rows": 0, "max_batch_size": 0, "prefill_tokens": 0,
-                       "prefill_tokens_shared": 0, "generated_tokens": 0, "interrupted_rows": 0, "recomputed_tokens": 0}
+                       "prefill_tokens_shared": 0, "prefill_tokens_cached": 0, "generated_tokens": 0,
+                       "interrupted_rows": 0, "recomputed_tokens": 0}
 
     @property
     def swaps_while_generating(self) -> bool:
@@ -125,8 +135,9 @@ class HFEngine:
 
     @property
     def stats(self) -> dict[str, int]:
-        """Counters: steps, decode_rows (sum of batch sizes), max_batch_size, prefill tokens computed and
-        shared (copied from an identical prompt's row), generated tokens, interrupted/recomputed."""
+        """Counters: steps, decode_rows (sum of batch sizes), max_batch_size, prefill tokens computed, shared
+        (copied from an identical prompt's row) and cached (a stored prefix's keys and values reused), generated
+        tokens, interrupted/recomputed."""
         return dict(self._stats)
 
     # ------------------------------------------------------------------ public API (event loop)
@@ -276,6 +287,7 @@ class HFEngine:
         if batch is not None:
             self._decode(batch)
             parts.append(batch)
+        self._warm_prefix([r.prompt_ids for r in admitted])
         by_length: dict[int, list[RequestState]] = {}
         for request in admitted:
             by_length.setdefault(len(request.prompt_ids), []).append(request)
@@ -322,23 +334,54 @@ class HFEngine:
         number of tokens forwarded.
         """
         distinct, rows = self._distinct_rows(sequences)
-        input_ids = torch.tensor([sequences[i] for i in distinct], device=self.device)  # [u, L]
-        cache = growing_cache(self._model.config)
-        out = self._model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), past_key_values=cache,
-                          use_cache=True, logits_to_keep=1)
+        unique = [sequences[i] for i in distinct]
+        length = len(unique[0])
+        prefix = self._prefixes.lookup(unique)
+        start = 0 if prefix is None else len(prefix.tokens)
+        if prefix is None:
+            cache = growing_cache(self._model.config)
+        else:
+            cache = cache_from_prefix(self._model.config, prefix, len(unique))
+        input_ids = torch.tensor([s[start:] for s in unique], device=self.device)  # [u, L - start]
+        extra = {}
+        if start:  # the cached prefix holds positions 0..start-1
+            extra["position_ids"] = torch.arange(start, length, device=self.device).expand(len(unique), -1)
+        out = self._model(input_ids=input_ids, attention_mask=torch.ones(len(unique), length, dtype=torch.long,
+                                                                         device=self.device),
+                          past_key_values=cache, use_cache=True, logits_to_keep=1, **extra)
+        for row, sequence in enumerate(unique):
+            self._prefixes.remember(sequence, cache, row)
+        self._stats["prefill_tokens_cached"] += start * len(unique)
         logits = out.logits[:, -1]  # [u, V]
         if len(distinct) < len(sequences):
             index = torch.tensor(rows)  # [b] distinct row of each sequence
             repeat_rows(cache, index)
             logits = logits[index.to(logits.device)]  # [b, V]
-        mask = torch.ones(len(sequences), input_ids.shape[1], dtype=torch.long)  # [b, L]
+        mask = torch.ones(len(sequences), length, dtype=torch.long)  # [b, L]
         return cache, mask, logits, input_ids.numel()
+
+    def _warm_prefix(self, prompts: list[list[int]]) -> None:
+        """Prompts admitted together that share a prefix (a burst of agent prompts after one system prompt): forward
+        that prefix once and store it, so each prompt's prefill forwards only the rest."""
+        distinct = {tuple(p) for p in prompts}
+        if len(distinct) < 2 or not self._prefixes.enabled:
+            return
+        shared = min(common_prefix(list(distinct)), min(len(p) for p in distinct) - 1)
+        if shared < self._prefixes.min_tokens or self._prefixes.covers(prompts[0][:shared]):
+            return
+        tokens = prompts[0][:shared]
+        cache = growing_cache(self._model.config)
+        self._model(input_ids=torch.tensor([tokens], device=self.device), past_key_values=cache, use_cache=True,
+                    logits_to_keep=1)
+        self._prefixes.store(tokens, cache, 0)
+        self._stats["prefill_tokens"] += shared
 
     def _prefill(self, group: list[RequestState]) -> RunningBatch:
         """Prompts of equal length, prefilled together; samples each one's first token."""
+        cached = self._stats["prefill_tokens_cached"]
         cache, mask, logits, computed = self._forward_unpadded([r.prompt_ids for r in group])
         self._stats["prefill_tokens"] += computed
-        self._stats["prefill_tokens_shared"] += mask.numel() - computed
+        self._stats["prefill_tokens_shared"] += mask.numel() - computed - (self._stats["prefill_tokens_cached"] - cached)
         return RunningBatch(group, cache, mask, self._append(group, logits))
 
     @torch.inference_mode()
@@ -385,6 +428,7 @@ class HFEngine:
         """
         from peft import PeftModel
 
+        self._prefixes.clear()  # cached keys and values belong to the weights that computed them
         if not ref.path:  # version 0, base model (AdapterRef: a version > 0 always has a path)
             if self._adapter_name is not None:
                 self._model.base_model.disable_adapter_layers()

@@ -16,7 +16,7 @@ from ray import serve
 from transformers import AutoTokenizer
 
 from agents.records import AdapterRef, GenerateRequest, GenerateResult, SamplingParams
-from apps.driver import AdapterBridge
+from apps.driver import AdapterPublisher, MetricsSink
 from apps.rollout import (ROLLOUT_DEPLOYMENT, RolloutAppArgs, build_app, delete_rollout_app, publish_adapter,
                           rollout_handle)
 from deployments.adapter_registry import get_adapter_registry
@@ -91,13 +91,26 @@ async def _flood(handle, prompt: tuple[int, ...], before: set[str]) -> tuple[lis
     return results, most_running
 
 
+class _Local:
+    """An in-process object called the way an actor handle is (``obj.method.remote(...)``, then ``ray.get``)."""
+
+    def __init__(self, obj):
+        self._obj = obj
+
+    def __getattr__(self, name):
+        method = getattr(self._obj, name)
+        return type("M", (), {"remote": staticmethod(lambda *a, **k: ray.put(method(*a, **k)))})
+
+
 def test_queue_growth_adds_replicas_that_sample_the_published_adapter(autoscaling_app, tiny_model_dir,
                                                                       adapter_paths):
     loaded = publish_adapter(APP, AdapterRef(1, str(adapter_paths[1])), wait_s=120)
     assert len(loaded) == 1 and set(loaded.values()) == {1}, loaded
     before = set(loaded)
-    bridge = AdapterBridge(APP, buffer=None)  # only its replica reporting is used here
-    _, switches, _ = bridge.take_metrics()
+    sink = MetricsSink()
+    publisher = AdapterPublisher(APP, coordinator=None, sink=_Local(sink))  # only its replica reporting is used
+    publisher.report_joined()
+    switches = sink.take().switches
     assert [s["replicas"] for s in switches] == [loaded]
     assert _running_replicas() == 1
 
@@ -115,6 +128,8 @@ def test_queue_growth_adds_replicas_that_sample_the_published_adapter(autoscalin
     live = ray.get(get_adapter_registry(APP).live_replicas.remote())
     assert {replica: live.get(replica) for replica in added} == dict.fromkeys(added, 1)
     # The training driver logs the added replica once, with the version it loaded.
-    _, switches, _ = bridge.take_metrics()
+    publisher.report_joined()
+    publisher.report_joined()
+    switches = sink.take().switches
     joined = {replica: version for s in switches if s["joined"] for replica, version in s["replicas"].items()}
     assert joined == dict.fromkeys(added, 1)

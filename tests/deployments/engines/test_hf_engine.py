@@ -191,6 +191,49 @@ def test_identical_prompts_are_prefilled_once_and_sample_as_if_not(tiny_model_di
     assert (plain_stats["prefill_tokens"], plain_stats["prefill_tokens_shared"]) == (12 * length, 0)
 
 
+def test_prompts_sharing_a_long_prefix_reuse_its_cache_and_generate_the_same(tiny_model_dir: Path, adapter_dirs) -> None:
+    """An agent's prompts share a system prompt; a later turn extends an earlier prompt. The prefix cache
+    forwards only what follows a stored prefix; outputs equal the engine without it; an adapter swap clears it."""
+    system = [11 + (7 * j) % 90 for j in range(40)]
+    first = [system + [200 + i, 201 + i, 202] for i in range(3)]  # three questions after one system prompt
+    second_turn = first[0] + [300, 301, 302, 303]  # episode 0's next prompt
+
+    async def body(engine: HFEngine):
+        outs = [await engine.generate(p, GREEDY, f"a{i}") for i, p in enumerate(first)]
+        outs.append(await engine.generate(second_turn, GREEDY, "turn2"))
+        cached = engine.stats["prefill_tokens_cached"]
+        await engine.load_adapter(AdapterRef(version=1, path=str(adapter_dirs[1])))
+        after_swap = engine.stats["prefill_tokens_cached"]
+        outs.append(await engine.generate(first[2], GREEDY, "v1"))
+        return outs, cached, engine.stats["prefill_tokens_cached"] - after_swap, engine.stats
+
+    outs, cached, cached_after_swap, stats = run(_with_engine(tiny_model_dir, body, eos_token_ids=()))
+    plain, plain_cached, _, plain_stats = run(_with_engine(tiny_model_dir, body, eos_token_ids=(),
+                                                           prefix_cache_min_tokens=0))
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+    for out, ref in zip(outs, plain):
+        assert out.logprobs == pytest.approx(ref.logprobs, abs=1e-5)
+    # stored when prompt 1 met prompt 0 (their common prefix); prompt 2 and episode 0's next turn reuse it
+    assert cached == 2 * len(system) and plain_cached == 0
+    assert cached_after_swap == 0  # the v1 prefill cannot use keys computed by the base model
+    computed = sum(len(p) for p in first) + len(second_turn) + len(first[2])
+    assert stats["prefill_tokens"] + stats["prefill_tokens_cached"] == computed == plain_stats["prefill_tokens"]
+
+
+def test_a_burst_of_prompts_forwards_their_common_prefix_once(tiny_model_dir: Path) -> None:
+    system = [11 + (7 * j) % 90 for j in range(40)]
+    prompts = [system + [200 + i, 201, 202 + i] for i in range(4)]
+
+    async def body(engine: HFEngine):
+        outs = await _generate_all(engine, prompts, GREEDY, "burst")
+        return outs, engine.stats
+
+    outs, stats = run(_with_engine(tiny_model_dir, body, eos_token_ids=()))
+    plain, _ = run(_with_engine(tiny_model_dir, body, eos_token_ids=(), prefix_cache_min_tokens=0))
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+    assert (stats["prefill_tokens"], stats["prefill_tokens_cached"]) == (len(system) + 4 * 3, 4 * len(system))
+
+
 def test_top_k_one_equals_greedy(tiny_model_dir: Path, reference) -> None:
     async def body(engine: HFEngine):
         return await engine.generate(PROMPTS[4], SamplingParams(temperature=1.5, top_k=1, max_new_tokens=16), "k1")

@@ -1,0 +1,90 @@
+"""Run every benchmark, one after another, and end with one table: benchmark, ratio, goal, verdict (``make bench``).
+
+    python -m benchmarks.run_all [--only NAME ...] [--skip NAME ...]
+
+Each benchmark runs as ``python -m benchmarks.<name>`` with its own output shown as it goes. Its last line is
+its result: the first ``N.NNx`` ratio there is the ratio column, and ``PASS`` / ``FAIL`` there is the verdict,
+which the benchmark computes from its numbers (this script never decides one). A benchmark without a goal has
+no verdict (``-``); one that exits non-zero without a verdict is ``ERROR``. The goal column comes from the
+benchmark module's ``GOAL`` string. Exit status 1 when any verdict is FAIL or ERROR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RATIO = re.compile(r"(\d+(?:\.\d+)?)x")
+VERDICT = re.compile(r"\b(PASS|FAIL)\b")
+
+
+def benchmarks() -> list[str]:
+    return sorted(p.stem for p in HERE.glob("*.py") if p.stem not in ("__init__", "run_all"))
+
+
+def goal_of(name: str) -> str:
+    """The module's ``GOAL = "..."`` string, read without importing it (imports are heavy)."""
+    path = HERE / f"{name}.py"
+    if not path.is_file():
+        return "-"
+    tree = ast.parse(path.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "GOAL" for t in node.targets):
+            if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+                return node.value.value
+    return "-"
+
+
+def summarize(name: str, lines: list[str], returncode: int, seconds: float) -> dict[str, str]:
+    """One table row from a benchmark's output lines."""
+    last = next((line.strip() for line in reversed(lines) if line.strip()), "")
+    ratio = RATIO.search(last)
+    verdict = VERDICT.search(last)
+    if verdict is None:
+        verdict_text = "ERROR" if returncode != 0 else "-"
+    else:
+        verdict_text = verdict.group(1)
+    return {"benchmark": name, "ratio": f"{ratio.group(1)}x" if ratio else "-", "goal": goal_of(name),
+            "verdict": verdict_text, "time": f"{seconds:.0f}s", "last line": last[:140]}
+
+
+def run_one(name: str) -> dict[str, str]:
+    print(f"== benchmarks/{name}.py", flush=True)
+    started = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", f"benchmarks.{name}"], cwd=HERE.parent, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, bufsize=1)
+    lines = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        print(line, end="", flush=True)
+        lines.append(line)
+    return summarize(name, lines, proc.wait(), time.perf_counter() - started)
+
+
+def table(rows: list[dict[str, str]]) -> str:
+    cols = ("benchmark", "ratio", "goal", "verdict", "time")
+    widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in cols}
+    out = ["  ".join(c.ljust(widths[c]) for c in cols)]
+    out += ["  ".join(r[c].ljust(widths[c]) for c in cols) for r in rows]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="*", default=None)
+    parser.add_argument("--skip", nargs="*", default=[])
+    args = parser.parse_args(argv)
+    names = [n for n in benchmarks() if (args.only is None or n in args.only) and n not in args.skip]
+    rows = [run_one(name) for name in names]
+    print("\n" + table(rows))
+    return 1 if any(r["verdict"] in ("FAIL", "ERROR") for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

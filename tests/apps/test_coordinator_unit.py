@@ -1,0 +1,90 @@
+"""The coordinator's dispatch loop in-process (fake workers and buffer, real AdmissionController): it sleeps until
+something changes, stays within the admission bound, and stops a run whose groups keep failing."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agents.data.rows import DatasetRow
+from apps.coordinator import Coordinator
+from trainers.admission import AdmissionController
+
+pytestmark = pytest.mark.unit
+
+
+def rows(count: int) -> list[DatasetRow]:
+    return [DatasetRow.model_validate({
+        "data_source": "t", "ability": "math", "prompt": [{"role": "user", "content": f"q{i}"}],
+        "reward_model": {"ground_truth": "1"}, "extra_info": {"index": i, "question": f"q{i}", "answer": "1"}})
+        for i in range(count)]
+
+
+class Remote:
+    """``obj.method.remote(...)`` → an awaitable, the way a Ray actor method is called."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def remote(self, *args, **kwargs):
+        return asyncio.ensure_future(self.fn(*args, **kwargs))
+
+
+class FakeWorker:
+    def __init__(self, fail: bool, hold: asyncio.Event | None = None):
+        self.fail, self.hold, self.calls = fail, hold, 0
+
+        async def run_rows(rows, step, group_ids):
+            self.calls += 1
+            if self.hold is not None:
+                await self.hold.wait()
+            if self.fail:
+                raise ValueError("reward function raised")
+            return {"num_trajectories": 2}
+
+        self.run_rows = Remote(run_rows)
+
+
+class FakeBuffer:
+    def __init__(self):
+        self.closed = False
+
+        async def close():
+            self.closed = True
+
+        async def arrived(ids):
+            return []
+
+        self.close, self.arrived = Remote(close), Remote(arrived)
+
+
+def test_a_run_whose_groups_keep_failing_is_stopped_not_retried_forever():
+    async def body():
+        buffer, worker = FakeBuffer(), FakeWorker(fail=True)
+        coordinator = Coordinator(rows(3), [worker], buffer, AdmissionController(2, 1), max_consecutive_failures=5)
+        stats = await asyncio.wait_for(coordinator.run(), 5)
+        assert buffer.closed and "5 groups failed in a row" in coordinator.failure()
+        assert "ValueError: reward function raised" in coordinator.failure()
+        assert stats["groups/failed"] >= 5 and worker.calls == stats["groups/admitted"]
+    asyncio.run(body())
+
+
+def test_dispatch_waits_at_the_bound_and_a_publish_wakes_it():
+    async def body():
+        hold = asyncio.Event()
+        worker = FakeWorker(fail=False, hold=hold)
+        coordinator = Coordinator(rows(10), [worker], FakeBuffer(), AdmissionController(2, 1))
+        task = asyncio.create_task(coordinator.run())
+        await asyncio.sleep(0.05)
+        assert worker.calls == 4  # (0 + 1 + 1) × 2, then it sleeps (no polling: nothing else is started)
+        hold.set()
+        await asyncio.sleep(0.05)
+        assert worker.calls == 4 and coordinator.stats()["groups/in_flight"] == 0  # finishing frees nothing
+        assert await coordinator.on_publish(1) == 0
+        await asyncio.sleep(0.05)
+        assert worker.calls == 6
+        coordinator.stop()
+        stats = await asyncio.wait_for(task, 5)
+        assert stats["groups/admitted"] == 6 and coordinator.failure() is None
+    asyncio.run(body())
