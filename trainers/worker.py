@@ -177,8 +177,20 @@ def build_optimizer(model: torch.nn.Module, optim: OptimConfig) -> torch.optim.O
     return torch.optim.AdamW(params, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay)
 
 
+def quiet_report_lines() -> None:
+    """Ray Train 2.60 logs every ``ray.train.report`` at INFO ("Reporting training result N: TrainingReport(...)",
+    the step's whole metrics dict) through a logger named by its file path, which its own log-level setting
+    (``RunConfig(logging_config=...)``) does not reach; per-step metrics are in learner_metrics.jsonl already."""
+    try:
+        from ray.train.v2._internal.execution import context
+    except ImportError:  # another Ray version: nothing to quiet
+        return
+    logging.getLogger(context.__file__).setLevel(logging.WARNING)
+
+
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Ray Train entry point; ``config["spec"]`` is a ``WorkerSpec``."""
+    quiet_report_lines()
     spec: WorkerSpec = config["spec"]
     ctx = ray.train.get_context()
     rank = ctx.get_world_rank()

@@ -152,6 +152,7 @@ def test_kl_loss_and_truncated_is_paths(one_rank, grpo_model_dir):
     assert metrics["ppo_kl"] != 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kl", [False, True])
 def test_on_policy_step_without_the_recompute_pass_equals_the_recomputed_step(one_rank, grpo_model_dir, monkeypatch,
                                                                                kl):

@@ -1,0 +1,13 @@
+"""``single_turn_agent``: one generation, no tools (agents layer: pure asyncio).
+
+PENDING -> GENERATING -> TERMINATED (``EOS``, or a budget / engine termination).
+"""
+
+from __future__ import annotations
+
+from agents.loops.base import AgentLoop
+
+
+class SingleTurnAgentLoop(AgentLoop):
+    agent_name = "single_turn_agent"
+    use_tools = False

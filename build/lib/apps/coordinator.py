@@ -1,0 +1,194 @@
+"""The coordinator: keeps agent workers busy with prompt groups, within the admission bound
+(apps layer: wires deployments' agent workers to the trainers' buffer and admission controller).
+
+A Ray async actor. It walks the training rows epoch by epoch (shuffled with the run seed), asks its
+``AdmissionController`` for tickets, and hands each admitted row to the least busy agent worker. A worker
+puts the finished group into the buffer itself; when its call returns the ticket is finished, and a worker
+error is counted as failed (the slot goes back), so every admitted group is accounted for. It sleeps until
+something changes: the publisher pushes each new version (``on_publish``), a group ends, the buffer reports
+dropped groups (``dropped``), or ``stop``. With ``abort_stale`` (the older behaviour, for comparison) a publish
+cancels the groups that started too long ago; by default every admitted group finishes and is trained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from typing import Any
+
+import ray
+
+from agents.data.rows import DatasetRow
+from trainers.admission import AdmissionController, Ticket
+
+log = logging.getLogger("tandem_rl.coordinator")
+
+
+class RowCursor:
+    """Rows in epoch order, reshuffled per epoch; ``position`` is the resumable data cursor."""
+
+    def __init__(self, rows: list[DatasetRow], *, seed: int, shuffle: bool, start: int = 0):
+        if not rows:
+            raise ValueError("no training rows")
+        self.rows = rows
+        self.seed = seed
+        self.shuffle = shuffle
+        self.position = start
+
+    def next(self) -> tuple[int, DatasetRow]:
+        epoch, offset = divmod(self.position, len(self.rows))
+        order = list(range(len(self.rows)))
+        if self.shuffle:
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        self.position += 1
+        return self.position - 1, self.rows[order[offset]]
+
+
+class Coordinator:
+    def __init__(self, rows: list[DatasetRow], workers: list[Any], buffer: Any, admission: AdmissionController, *,
+                 seed: int = 1, shuffle: bool = True, start_position: int = 0, max_in_flight: int = 256,
+                 run_id: str = "run", max_consecutive_failures: int | None = None):
+        bad = [i for i, row in enumerate(rows) if not isinstance(row, DatasetRow)]
+        if bad:
+            raise TypeError(f"Coordinator: rows {bad[:5]} are not DatasetRow (load them with agents.data.rows)")
+        self.cursor = RowCursor(rows, seed=seed, shuffle=shuffle, start=start_position)
+        self.workers = workers
+        self.busy = [0] * len(workers)
+        self.buffer = buffer
+        self.admission = admission
+        self.max_in_flight = max_in_flight
+        self._stop = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._tasks: set[asyncio.Task] = set()
+        self.run_id = run_id
+        self._in_flight: dict[int, tuple[str, Any]] = {}  # ticket id -> (group id, worker call)
+        self._aborted: set[int] = set()
+        self.finished_episodes = 0
+        self._t0 = time.perf_counter()
+        # failures in a row (no group finished in between) before the run is stopped instead of retried forever
+        self.max_consecutive_failures = max_consecutive_failures or max(8, 4 * admission.batch_groups)
+        self._failures_in_a_row = 0
+        self.error: str | None = None
+
+    async def run(self) -> dict[str, float]:
+        """Dispatch until ``stop()``; returns the final stats (after reconciling what was in flight)."""
+        while not self._stop.is_set():
+            self._wake.clear()
+            tickets = self.admission.admit(self.max_in_flight - len(self._tasks))
+            for ticket in tickets:
+                self._dispatch(ticket)
+            if not tickets:
+                await self._wake.wait()  # a publish, a group's end, a drop or stop() sets it
+        for task in list(self._tasks):
+            task.cancel()
+        for _, call in self._in_flight.values():  # stop generating for a run that is over
+            _cancel(call)
+        await self._reconcile()
+        return self.stats()
+
+    async def on_publish(self, version: int) -> int:
+        """The learner published ``version`` (pushed by the publisher). Returns how many groups it aborted."""
+        doomed = self.admission.on_publish(version)
+        if doomed:  # first out of the queue (a group may have arrived before its call returned), then cancelled
+            await self.buffer.discard.remote([self._in_flight[t.id][0] for t in doomed if t.id in self._in_flight])
+        for ticket in doomed:
+            self._aborted.add(ticket.id)
+            _group_id, call = self._in_flight.get(ticket.id, (None, None))
+            if call is not None:
+                _cancel(call)
+        self._wake.set()
+        return len(doomed)
+
+    async def dropped(self, count: int) -> None:
+        """The buffer discarded ``count`` finished groups as too stale: their slots go back."""
+        self.admission.dropped(count)
+        self._wake.set()
+
+    def _dispatch(self, ticket: Ticket) -> None:
+        index, row = self.cursor.next()
+        worker = min(range(len(self.workers)), key=self.busy.__getitem__)
+        self.busy[worker] += 1
+        group_id = f"{self.run_id}-g{index}-r{row.extra_info.index}"
+        call = self.workers[worker].run_rows.remote([row], step=index, group_ids=[group_id])
+        self._in_flight[ticket.id] = (group_id, call)
+        task = asyncio.create_task(self._run_group(worker, row, ticket, call))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run_group(self, worker: int, row: DatasetRow, ticket: Ticket, call: Any) -> None:
+        try:
+            stats = await call
+            self.admission.finished(ticket.id)
+            self.finished_episodes += int(stats.get("num_trajectories", 0))
+            self._failures_in_a_row = 0
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a fault boundary: one bad group must not stop training
+            if isinstance(exc, ray.exceptions.TaskCancelledError) and ticket.id in self._aborted:
+                return  # counted as aborted when the publish made it too stale
+            log.warning("group for row %s failed on worker %d: %s", row.extra_info.index, worker, exc)
+            self.admission.failed(ticket.id)
+            self._failures_in_a_row += 1
+            if self._failures_in_a_row >= self.max_consecutive_failures and self.error is None:
+                self.error = (f"{self._failures_in_a_row} groups failed in a row (the last, row "
+                              f"{row.extra_info.index}: {type(exc).__name__}: {exc}); stopping instead of retrying")
+                log.error("%s", self.error)
+                await self.buffer.close.remote()  # the learner's next_batch returns None: the run ends
+                self.stop()  # after the close: stopping cancels this task
+        finally:
+            self.busy[worker] -= 1
+            self._in_flight.pop(ticket.id, None)
+            self._wake.set()
+
+    async def _reconcile(self) -> None:
+        """At stop: a cancelled call may have put its group already; such a ticket finished (it is queued)."""
+        pending = {group_id: ticket_id for ticket_id, (group_id, _) in self._in_flight.items()
+                   if ticket_id not in self._aborted}
+        if pending:
+            for group_id in await self.buffer.arrived.remote(list(pending)):
+                self.admission.finished(pending[group_id])
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def failure(self) -> str | None:
+        """Why the coordinator stopped the run on its own (None: it did not)."""
+        return self.error
+
+    def stats(self) -> dict[str, float]:
+        elapsed = time.perf_counter() - self._t0
+        return {
+            **self.admission.stats(),
+            "rollout/episodes_per_s": self.finished_episodes / elapsed if elapsed > 0 else 0.0,
+            "data/cursor": float(self.cursor.position),
+        }
+
+
+def _cancel(call: Any) -> None:
+    """Cancel a worker call: a Ray task (``ObjectRef``) or an in-process awaitable (tests, benchmarks)."""
+    if isinstance(call, ray.ObjectRef):
+        ray.cancel(call)
+    elif hasattr(call, "cancel"):
+        call.cancel()
+
+
+CoordinatorActor = ray.remote(num_cpus=0)(Coordinator).options(max_concurrency=1000)
+
+
+def accounting(admission: dict[str, float], buffer: dict[str, float]) -> dict[str, float]:
+    """Every admitted group in exactly one bucket, each counted on its own side: trained, dropped (queue) and the
+    queue depth by the buffer; failed, aborted and in flight by the admission controller. ``balanced`` is 1 when
+    admitted equals their sum (it is not defined as a remainder, so the check can fail)."""
+    buckets = {
+        "groups/trained": buffer["groups/trained"],
+        "groups/dropped_stale": buffer["groups/dropped_stale"],
+        "groups/aborted_in_flight": admission["groups/aborted_in_flight"],
+        "groups/failed": admission["groups/failed"],
+        "groups/left_over": buffer["buffer/depth"] + admission["groups/in_flight"],
+    }
+    total = sum(buckets.values())
+    return {"groups/admitted": admission["groups/admitted"], **buckets,
+            "groups/balanced": float(total == admission["groups/admitted"])}

@@ -1,0 +1,317 @@
+"""Pieces of the training driver that wire deployments to trainers (apps layer).
+
+``apps/train.py`` reads top to bottom as the data flow; what it needs beyond one line lives here:
+connecting to Ray, loading and checking the training rows, the publisher that carries each published
+adapter to the rollout replicas and tells the coordinator, the metrics sink, and the end-of-run summary.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from agents.data.rows import DatasetRow, load_rows
+from agents.data.truncation import PromptTooLongError
+from agents.records import AdapterRef
+from configs import TandemConfig
+
+log = logging.getLogger("tandem_rl.driver")
+
+
+def connect_ray(cfg: TandemConfig) -> None:
+    """Join ``RAY_ADDRESS`` (a cluster, or ``ray job submit``) or start a local cluster."""
+    if ray.is_initialized():
+        return
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
+        return
+    # address="local": a new cluster of our own. Without it ray.init() attaches to whatever cluster Ray's
+    # ray_current_cluster file names (another run's, or a dead one it then waits for).
+    # Workers log at WARNING (their INFO lines stay in Ray's log files and the dashboard); download/loading
+    # progress bars of every model load would otherwise fill the console.
+    # Ray Train's preemption watcher polls for draining nodes (spot instances); a one-node local cluster has none,
+    # and its actor's start logs an error-level line from Ray's core worker on every run.
+    env = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
+           "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")  # the Ray Train controller may run here
+    ray.init(address="local", include_dashboard=cfg.tracking.ray_dashboard, log_to_driver=True,
+             logging_config=ray.LoggingConfig(log_level="WARNING"), runtime_env={"env_vars": env})
+
+
+# Why a relative path can be missing under ``ray job submit``: said in the error, where it is needed.
+JOB_ROOT_HINT = ("`ray job submit --working-dir .` runs the job in an uploaded copy of the repo without its "
+                 "git-ignored folders (.cache/, runs/): pass --root with the directory that has them")
+
+
+def with_absolute_paths(cfg: TandemConfig, root: Path | None = None) -> TandemConfig:
+    """Ray workers run in other working directories: make every local path in the config absolute.
+
+    Relative paths resolve against ``root``, by default the working directory; an input that ``root``
+    lacks but the working directory has (a tool config shipped in the repo) is taken from there. Model
+    paths become local folders (a hub id is fetched once here, on the driver).
+    """
+    from apps.model_paths import resolve_model_path
+
+    hint = f"; {JOB_ROOT_HINT}" if root is None else ""
+    root = (root or Path.cwd()).resolve()
+
+    def local(path: str) -> Path:  # outputs, and inputs found under root
+        return (root / Path(path).expanduser()).resolve()  # an absolute path stays itself
+
+    def source(path: str) -> Path:
+        here = Path.cwd() / Path(path).expanduser()
+        return here.resolve() if not local(path).exists() and here.exists() else local(path)
+
+    def model_folder(key: str, path: str) -> str:
+        folder = source(path)
+        try:  # no such folder: a hub id
+            return resolve_model_path(folder if folder.exists() else path)
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"{key}: {exc} (relative paths resolve against {root}{hint})") from None
+
+    def files(value: str | list[str]) -> str:
+        return str(source(value)) if isinstance(value, str) else json.dumps([str(source(v)) for v in value])
+
+    model, data = cfg.actor_rollout_ref.model, cfg.data
+    updates = [
+        f"actor_rollout_ref.model.path={model_folder('actor_rollout_ref.model.path', model.path)}",
+        f"data.train_files={files(data.train_files)}",
+        f"trainer.default_local_dir={local(cfg.trainer.run_dir)}",
+        f"sft.output_dir={local(cfg.sft.output_dir)}",
+    ]
+    if data.val_files is not None:
+        updates.append(f"data.val_files={files(data.val_files)}")
+    uri = cfg.tracking.mlflow_tracking_uri
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        updates.append(f"tracking.mlflow_tracking_uri=sqlite:///{local(uri[len('sqlite:///'):])}")
+    if model.tokenizer_path:
+        updates.append("actor_rollout_ref.model.tokenizer_path="
+                       + model_folder("actor_rollout_ref.model.tokenizer_path", model.tokenizer_path))
+    for key, value in (("actor_rollout_ref.rollout.multi_turn.tool_config_path",
+                        cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path),
+                       ("tools.config_path", cfg.tools.config_path),
+                       ("actor_rollout_ref.model.lora_adapter_path", model.lora_adapter_path)):
+        if value:
+            updates.append(f"{key}={source(value)}")
+    trainer = cfg.trainer
+    for key, value in (("trainer.validation_data_dir", trainer.validation_data_dir),
+                       ("trainer.rollout_data_dir", trainer.rollout_data_dir)):
+        if value:
+            updates.append(f"{key}={local(value)}")
+    from configs import ConfigWarning, load_config
+
+    with warnings.catch_warnings():  # already shown when the config was first loaded
+        warnings.simplefilter("ignore", ConfigWarning)
+        return load_config(cfg.model_dump(exclude_unset=True), updates)
+
+
+def load_training_rows(cfg: TandemConfig, tokenizer: Any, tools_schemas: list[dict[str, Any]],
+                       paths: list[str] | None = None) -> list[DatasetRow]:
+    """Every row of ``paths`` (default: the training files), validated, with its rendered prompt checked against
+    ``max_prompt_length``.
+
+    ``truncation: error`` fails naming the file and row; ``filter_overlong_prompts`` drops (and logs)
+    them; ``left``/``right``/``middle`` are applied by the agent loop on the prompt tokens.
+    """
+    rows: list[DatasetRow] = []  # typed from here to the agent worker
+    dropped = 0
+    limit = cfg.data.max_prompt_length
+    paths = cfg.data.train_paths if paths is None else paths
+    for path in paths:
+        for number, row in enumerate(load_rows(path)):
+            messages = [m.model_dump(exclude_none=True) for m in row.prompt]
+            ids = tokenizer.apply_chat_template(messages, tools=tools_schemas or None, add_generation_prompt=True,
+                                                tokenize=True, return_dict=False)
+            if len(ids) > limit:
+                if cfg.data.filter_overlong_prompts:
+                    dropped += 1
+                    continue
+                if cfg.data.truncation == "error":
+                    raise PromptTooLongError(
+                        f"{path} row {number}: prompt has {len(ids)} tokens, max_prompt_length is {limit}"
+                    )
+            rows.append(row)
+    if dropped:
+        log.warning("data.filter_overlong_prompts dropped %d rows longer than %d tokens", dropped, limit)
+    if not rows:
+        raise ValueError(f"no usable rows in {paths}")
+    return rows
+
+
+@dataclass
+class Reports:
+    """What reached the metrics sink since the last ``take``: learner metrics per step, replica version
+    switches (publishes, and replicas that joined), validation results."""
+
+    learner: list[dict[str, float]] = field(default_factory=list)
+    switches: list[dict[str, Any]] = field(default_factory=list)
+    validations: list[Any] = field(default_factory=list)
+
+
+class MetricsSink:
+    """The metrics channel: the learner (rank 0) and the publisher push here, the driver takes."""
+
+    def __init__(self) -> None:
+        self._pending = Reports()
+
+    def learner(self, metrics: dict[str, float]) -> None:
+        self._pending.learner.append(dict(metrics))
+
+    def switch(self, entry: dict[str, Any]) -> None:
+        self._pending.switches.append(entry)
+
+    def validation(self, result: Any) -> None:
+        self._pending.validations.append(result)
+
+    def take(self) -> Reports:
+        out, self._pending = self._pending, Reports()
+        return out
+
+
+MetricsSinkActor = ray.remote(num_cpus=0)(MetricsSink)
+
+
+class AdapterPublisher:
+    """The trainer's publisher: each new adapter goes to every rollout replica, then the coordinator hears of it.
+
+    ``publish`` returns once all live replicas sample with the new version, and the coordinator's admission moves
+    with the push, so no group starts on an adapter that is not loaded yet. Replicas that autoscaling adds
+    between publishes load the newest adapter on their own; the app's registry hears from them and
+    ``report_joined`` reports each one once to the sink (``joined: True``).
+
+    With a ``validator``, a publish of a version the schedule names (every ``test_freq`` steps and the last step,
+    as verl) validates before it returns: the learner waits, so every validation episode samples exactly that
+    version, while agent workers go on generating training groups with it. ``validate_start`` validates version 0
+    the same way while the learner starts up; the first publish waits for it.
+    """
+
+    def __init__(self, app_name: str, coordinator: Any, sink: Any, wait_s: float = 300.0, *, validator: Any = None,
+                 test_freq: int = -1, total_steps: int | None = None):
+        from apps.rollout import publish_adapter
+        from deployments.adapter_registry import get_adapter_registry
+
+        self._publish = publish_adapter
+        self._registry = get_adapter_registry(app_name)
+        self._reported: set[str] = set()  # replicas a reported switch already named
+        self.app_name = app_name
+        self.coordinator = coordinator
+        self.sink = sink
+        self.wait_s = wait_s
+        self.switches: list[dict[str, Any]] = []
+        self.latest = AdapterRef(version=0)
+        self.validator = validator
+        self.test_freq = test_freq
+        self.total_steps = total_steps
+        self._lock = threading.Lock()  # a publish waits for a validation of the version before it
+
+    def validate_start(self) -> None:
+        """Validate policy version 0 while the learner starts and the first groups generate; the first publish
+        waits for it, so every validation episode samples version 0."""
+        with self._lock:
+            ray.get(self.sink.validation.remote(self.validator.run(0)))
+
+    def validates_at(self, version: int) -> bool:
+        return self.validator is not None and self.test_freq > 0 and (
+            version % self.test_freq == 0 or version == self.total_steps)
+
+    def publish(self, ref: AdapterRef) -> dict[str, int]:
+        with self._lock:
+            return self._publish_locked(ref)
+
+    def _publish_locked(self, ref: AdapterRef) -> dict[str, int]:
+        started = time.perf_counter()
+        loaded = self._publish(self.app_name, ref, self.wait_s)
+        elapsed = time.perf_counter() - started
+        for replica, version in sorted(loaded.items()):
+            log.info("replica %s switched to policy version %d (%.2fs after publish)", replica, version, elapsed)
+        self._reported.update(loaded)
+        self.switches.append({"version": ref.version, "replicas": loaded, "sync_s": elapsed, "joined": False})
+        ray.get(self.sink.switch.remote(self.switches[-1]))
+        self.latest = ref
+        ray.get(self.coordinator.on_publish.remote(ref.version))
+        if self.validates_at(ref.version):
+            ray.get(self.sink.validation.remote(self.validator.run(ref.version)))
+        return loaded
+
+    def report_joined(self) -> None:
+        """Tell the sink about live replicas no reported switch has named yet."""
+        live = ray.get(self._registry.live_replicas.remote())
+        joined = {replica: version for replica, version in live.items() if replica not in self._reported}
+        self._reported.update(joined)
+        if joined:
+            self.switches.append({"version": max(joined.values()), "replicas": joined, "sync_s": None, "joined": True})
+            ray.get(self.sink.switch.remote(self.switches[-1]))
+
+    def weight_sync(self) -> list[dict[str, Any]]:
+        return list(self.switches)
+
+
+AdapterPublisherActor = ray.remote(num_cpus=0)(AdapterPublisher).options(max_concurrency=8)
+
+
+def merge_sources(**sources: dict[str, float]) -> dict[str, float]:
+    """One metrics row from several sources; a key two sources both report must agree (else it names both)."""
+    out: dict[str, float] = {}
+    owner: dict[str, str] = {}
+    for name, metrics in sources.items():
+        for key, value in metrics.items():
+            if key in out and out[key] != value and not (value != value and out[key] != out[key]):  # NaN == NaN
+                raise ValueError(f"metric {key!r}: {owner[key]} says {out[key]}, {name} says {value}")
+            out[key], owner[key] = value, owner.get(key, name)
+    return out
+
+
+def final_adapter(run_dir: Path) -> Path | None:
+    """The newest ``adapters/v<k>`` folder of a run, if any."""
+    adapters = sorted((run_dir / "adapters").glob("v*"), key=lambda p: int(p.name[1:]) if p.name[1:].isdigit() else -1)
+    return adapters[-1] if adapters else None
+
+
+def summary_table(history: list[dict[str, float]], paths: dict[str, Path], accounting: dict[str, float]) -> str:
+    """The end-of-run table: per step training reward, ``reward/acc``, tool calls, length, staleness, time; first vs
+    last five steps; held-out validation (each data source's ``val-core`` metric) at every validation; outputs."""
+    from rich.console import Console
+    from rich.table import Table
+
+    cols = ("reward/mean", "reward/acc", "tool_calls/mean", "response_length/mean", "staleness/mean", "timing/step_s")
+    train = [row for row in history if "reward/mean" in row]
+    table = Table(title="tandem-rl run summary")
+    for col in ("step", *cols):
+        table.add_column(col.removesuffix("/mean") if col != "reward/mean" else col, justify="right")
+    for row in train:
+        table.add_row(str(int(row["step"])), *(f"{row.get(k, float('nan')):.3f}" for k in cols))
+    console = Console(record=True, width=110)
+    if train:
+        console.print(table)
+    for key in ("reward/mean", "reward/acc", "tool_calls/mean"):
+        values = [row[key] for row in train if key in row]
+        if len(values) >= 2:
+            k = min(5, len(values) // 2)
+            first, last = sum(values[:k]) / k, sum(values[-k:]) / k
+            console.print(f"train {key}: first {k} steps {first:.3f} → last {k} steps {last:.3f} (Δ {last - first:+.3f})")
+    _validation_lines(console, history)
+    if accounting:
+        console.print("groups: " + ", ".join(f"{k.split('/')[-1]}={int(v)}" for k, v in accounting.items()))
+    for name, path in paths.items():
+        console.print(f"{name:>14}: {path}")
+    return console.export_text()  # already printed; returned for logs and tests
+
+
+def _validation_lines(console: Any, history: list[dict[str, float]]) -> None:
+    """Each data source's held-out ``val-core/<source>/<acc|reward>/mean@N`` at every validation, first → last."""
+    rows = [row for row in history if any(k.startswith("val-core/") for k in row)]
+    keys = sorted({k for row in rows for k in row if k.startswith("val-core/") and "/mean@" in k})
+    for key in keys:
+        points = [(int(row["step"]), row[key]) for row in rows if key in row]
+        trail = ", ".join(f"step {step}: {value:.3f}" for step, value in points)
+        delta = f" (Δ {points[-1][1] - points[0][1]:+.3f})" if len(points) >= 2 else ""
+        console.print(f"held-out {key}: {trail}{delta}")

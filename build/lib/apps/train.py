@@ -1,0 +1,171 @@
+"""``python -m apps.train --config FILE [dotted.key=value ...]`` — the streaming GRPO job (apps layer).
+
+Reads top to bottom as the data flow: rows → agent workers → rollout app → trajectory buffer →
+Ray Train GRPO learner → adapter → every rollout replica. Works on a local cluster, against
+``RAY_ADDRESS``, and under ``ray job submit --working-dir . -- python -m apps.train --config …``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import ray
+
+from agents.tools.registry import load_tools
+from agents.records import AdapterRef
+from apps.coordinator import CoordinatorActor
+from apps.coordinator import accounting as group_accounting
+from apps.driver import (AdapterPublisherActor, MetricsSinkActor, connect_ray, final_adapter, load_training_rows,
+                         summary_table, with_absolute_paths)
+from apps.progress import Reporter, final_paths, follow_steps
+from apps.rollout import attach_rollout_app, delete_rollout_app, deploy_rollout_app, deployed_apps
+from apps.tracking import RunTracker
+from apps.validation import Validator
+from configs import TandemConfig, load_config
+from deployments.agent_workers import AgentWorker, AgentWorkerSpec
+from trainers.admission import AdmissionController
+from trainers.buffer import TrajectoryBuffer
+from trainers.trainer import build_trainer
+
+log = logging.getLogger("tandem_rl.train")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/demo_cpu.yaml", help="experiment YAML")
+    parser.add_argument("--root", type=Path, help="directory the config's relative paths (model, data, outputs, "
+                        "mlflow store) resolve against; default: the working directory. Under `ray job submit "
+                        "--working-dir .` that is an uploaded copy of the repo without .cache/: pass --root $PWD")
+    parser.add_argument("overrides", nargs="*", help="dotted.key=value overrides, as on verl's command line")
+    args = parser.parse_args(argv)
+    # force: an import has already given the root logger a WARNING-level handler, which would hide ours.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True)
+    return run(load_config(args.config, args.overrides), root=args.root)
+
+
+def run(cfg: TandemConfig, root: Path | None = None) -> int:
+    cfg = with_absolute_paths(cfg, root)
+    run_dir = Path(cfg.trainer.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    model = cfg.actor_rollout_ref.model
+    if model.lora_adapter_path:  # fail before anything starts, naming the path and what does not fit
+        from trainers.model import check_adapter
+
+        check_adapter(model.lora_adapter_path, model.path)
+    connect_ray(cfg)
+    tracker = RunTracker(cfg, run_dir)
+
+    # 1. Rows (training and validation), checked against max_prompt_length with the tool schemas agents render.
+    from transformers import AutoTokenizer
+
+    tokenizer_path = model.tokenizer_path or model.path
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    tools = load_tools(cfg.tool_config_path) if cfg.tool_config_path else {}
+    schemas = [tool.schema for tool in tools.values()]
+    rows = [] if cfg.trainer.val_only else load_training_rows(cfg, tokenizer, schemas)
+    val_rows = load_training_rows(cfg, tokenizer, schemas, cfg.data.val_paths) if cfg.data.val_paths else []
+    batch = cfg.data.train_batch_size
+    total_steps = cfg.trainer.total_training_steps or max(1, cfg.trainer.total_epochs * len(rows) // batch)
+
+    # 2. Rollout engines: attach to an app deployed with `serve deploy`, or deploy it; version 0 = the start policy.
+    base = AdapterRef(version=0, path=model.lora_adapter_path or "")
+    attached = cfg.serve.app_name in deployed_apps()
+    rollout = attach_rollout_app(cfg.serve.app_name, base=base) if attached else deploy_rollout_app(cfg, base=base)
+    log.info("%s rollout app %r", "attached to" if attached else "deployed", cfg.serve.app_name)
+
+    # 3. Buffer (a bounded queue), agent workers, validation before training, the coordinator (admission), the
+    #    publisher and the metrics sink.
+    stream = cfg.stream
+    buffer = ray.remote(num_cpus=0)(TrajectoryBuffer).remote(
+        batch_groups=batch, capacity_groups=stream.buffer_groups, max_staleness=stream.max_staleness,
+        drop_stale=stream.enabled and stream.abort_stale, keep_batches=bool(cfg.trainer.rollout_data_dir))
+    run_id = tracker.mlflow_run_id or uuid.uuid4().hex[:8]
+    spec = AgentWorkerSpec.from_config(cfg, tokenizer_path=tokenizer_path)
+    tracer_factory = _tracer_factory(cfg, run_id)
+    workers = [AgentWorker.remote(spec, rollout, buffer, tracer_factory=tracer_factory, run_id=run_id,
+                                  worker_index=i) for i in range(cfg.actor_rollout_ref.rollout.agent.num_workers)]
+    validator = Validator.from_config(cfg, val_rows, workers, run_id) if val_rows else None
+    reporter = Reporter(cfg, tracker, tokenizer)
+    started = time.perf_counter()
+    if cfg.trainer.val_only:
+        if validator is not None:
+            result = validator.run(0)
+            reporter.validation(result)
+            tracker.log_step(0, result.metrics)
+        return _finish(cfg, tracker, reporter, attached, {}, started)
+    if stream.enabled and stream.max_staleness > 0 and cfg.actor_rollout_ref.actor.tis_imp_ratio_cap <= 0:
+        log.warning("stream.max_staleness=%d: tokens sampled by older policy versions are trained without an "
+                    "importance correction; set actor_rollout_ref.actor.tis_imp_ratio_cap (e.g. 2.0) to reweight "
+                    "them by their behaviour log-probs", stream.max_staleness)
+    admission = AdmissionController(batch, stream.max_staleness, streaming=stream.enabled,
+                                    abort_stale=stream.abort_stale)
+    coordinator = CoordinatorActor.remote(rows, workers, buffer, admission, seed=cfg.trainer.seed,
+                                          shuffle=cfg.data.shuffle, run_id=run_id)
+    ray.get(buffer.set_drop_listener.remote(coordinator))
+    sink = MetricsSinkActor.remote()
+    publisher = AdapterPublisherActor.remote(cfg.serve.app_name, coordinator, sink, validator=validator,
+                                             test_freq=cfg.trainer.test_freq, total_steps=total_steps)
+    coordinator_done = coordinator.run.remote()
+    if validator is not None and cfg.trainer.val_before_train:
+        # Version 0 is validated while the learner starts and the first groups generate (both with version 0);
+        # the first publish waits for it. The result reaches the console and metrics through the sink.
+        publisher.validate_start.remote()
+
+    # 4. The learner: Ray Train GRPO in a thread; each step's metrics arrive through the sink.
+    trainer = build_trainer(cfg, source=buffer, publisher=publisher, total_steps=total_steps, metrics_sink=sink)
+    outcome: dict = {}
+    fit = threading.Thread(target=lambda: outcome.update(result=trainer.fit()), daemon=True)
+    try:
+        fit.start()
+        follow_steps(fit, sink, publisher, buffer, coordinator, tracker, reporter, total_steps)
+        fit.join()
+        result = outcome.get("result")
+        if result is None or result.error is not None:
+            raise RuntimeError(f"training failed: {getattr(result, 'error', 'no result')}")
+    except KeyboardInterrupt:
+        log.warning("interrupted: stopping agent workers and the learner")
+    finally:
+        ray.get(coordinator.stop.remote())
+        ray.get(buffer.close.remote())
+        admitted = ray.get(coordinator_done)
+        failure = ray.get(coordinator.failure.remote())
+        accounting = group_accounting(admitted, ray.get(buffer.stats.remote()))
+        (run_dir / "accounting.json").write_text(json.dumps(accounting, indent=1) + "\n")
+        if not accounting["groups/balanced"]:
+            log.error("group accounting does not add up: %s", accounting)
+    code = _finish(cfg, tracker, reporter, attached, accounting, started)
+    if failure:
+        raise RuntimeError(f"rollouts failed: {failure}")
+    return code
+
+
+def _finish(cfg: TandemConfig, tracker: RunTracker, reporter: Reporter, attached: bool, accounting: dict,
+            started: float) -> int:
+    plot = tracker.finish()
+    if not attached:
+        delete_rollout_app(cfg.serve.app_name)
+    run_dir = Path(cfg.trainer.run_dir)
+    paths = final_paths(run_dir, tracker, plot, final_adapter(run_dir), cfg.tracking.mlflow_tracking_uri)
+    summary_table(tracker.history, paths, accounting)
+    print(f"total wall time {time.perf_counter() - started:.1f}s")
+    return 0
+
+
+def _tracer_factory(cfg: TandemConfig, run_id: str):
+    if cfg.actor_rollout_ref.rollout.trace.backend != "mlflow":
+        return None
+    from apps.tracing import tracer_factory
+
+    # Traces go to the run's mlflow experiment; every span carries the run id (AgentWorker run_id).
+    return tracer_factory(cfg, experiment_name=cfg.trainer.project_name)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,27 @@
+"""Config base class (configs layer: stdlib + pydantic only).
+
+Every section forbids unknown keys; the loader walks the raw dict first so that an unknown key
+fails with its dotted path and a suggestion, and a verl key that tandem-rl knows but does not
+implement (listed in ``VERL_UNIMPLEMENTED``) is dropped with one warning.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+
+class ConfigWarning(UserWarning):
+    """A config key is accepted but has no effect in tandem-rl."""
+
+
+class Section(BaseModel):
+    """A config section: frozen, strict about keys, every field documented."""
+
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, validate_default=True, use_attribute_docstrings=True
+    )
+
+    #: verl keys of this section that load (for config compatibility) but do nothing here.
+    VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset()

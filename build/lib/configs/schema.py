@@ -1,0 +1,140 @@
+"""The whole experiment config and its cross-field rules (configs layer)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import ClassVar
+
+from pydantic import Field, model_validator
+
+from configs.actor import ActorConfig, ModelConfig, RefConfig
+from configs.base import ConfigWarning, Section
+from configs.rollout import RolloutConfig
+from configs.sections import (
+    AlgorithmConfig,
+    DataConfig,
+    ServeConfig,
+    SFTConfig,
+    StreamConfig,
+    ToolsConfig,
+    TrackingConfig,
+    TrainerConfig,
+)
+
+
+class ActorRolloutRefConfig(Section):
+    VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset({"hybrid_engine", "nccl_timeout"})
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """The base model and its LoRA adapter."""
+    actor: ActorConfig = Field(default_factory=ActorConfig)
+    """The policy being trained."""
+    ref: RefConfig = Field(default_factory=RefConfig)
+    """The reference policy (base weights, adapter disabled)."""
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    """Rollout engines and agent loops."""
+
+
+class TandemConfig(Section):
+    """One experiment: verl's sections plus tandem-rl's serve/stream/tools/tracking/sft."""
+
+    VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
+        {"critic", "reward_model", "custom_reward_function", "ray_kwargs", "ray_init", "global_profiler",
+         "transfer_queue", "model_engine", "hydra", "defaults", "reward", "distillation"}
+    )
+
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    """Advantage estimation."""
+    data: DataConfig = Field(default_factory=DataConfig)
+    """Datasets and length limits."""
+    actor_rollout_ref: ActorRolloutRefConfig = Field(default_factory=ActorRolloutRefConfig)
+    """Model, actor, reference and rollout."""
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    """Run length, workers, checkpoints, loggers."""
+    serve: ServeConfig = Field(default_factory=ServeConfig)
+    """Ray Serve rollout app."""
+    stream: StreamConfig = Field(default_factory=StreamConfig)
+    """Streaming trajectory buffer and staleness bound."""
+    tools: ToolsConfig = Field(default_factory=ToolsConfig)
+    """Tool runtime."""
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    """mlflow and Ray metrics."""
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    """Optional SFT cold start."""
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> TandemConfig:
+        data, rollout, actor = self.data, self.actor_rollout_ref.rollout, self.actor_rollout_ref.actor
+        for key, mirror, value in (
+            ("prompt_length", "max_prompt_length", data.max_prompt_length),
+            ("response_length", "max_response_length", data.max_response_length),
+        ):
+            given = getattr(rollout, key)
+            if given is not None and given != value:
+                raise ValueError(
+                    f"actor_rollout_ref.rollout.{key}={given} disagrees with data.{mirror}={value}; "
+                    f"set only data.{mirror}"
+                )
+        needed = data.max_prompt_length + data.max_response_length
+        if rollout.max_model_len is not None and rollout.max_model_len < needed:
+            raise ValueError(
+                f"actor_rollout_ref.rollout.max_model_len={rollout.max_model_len} is smaller than "
+                f"data.max_prompt_length + data.max_response_length = {needed}"
+            )
+        engine_len = rollout.engine_kwargs.get(rollout.name, {}).get("max_model_len")
+        if engine_len is not None and int(engine_len) < needed:
+            warnings.warn(
+                f"engine_kwargs.{rollout.name}.max_model_len={engine_len} < max_prompt_length + "
+                f"max_response_length = {needed}: long episodes will end with termination max_model_len",
+                ConfigWarning,
+                stacklevel=2,
+            )
+        if actor.ppo_mini_batch_size > data.train_batch_size:
+            # verl rejects this; we run one optimizer step per batch and say so.
+            warnings.warn(
+                f"actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} prompts exceeds data.train_batch_size="
+                f"{data.train_batch_size} (= {data.train_batch_size * rollout.n} trajectories with rollout.n="
+                f"{rollout.n}); each step uses the whole batch as one mini-batch",
+                ConfigWarning,
+                stacklevel=2,
+            )
+        elif data.train_batch_size % actor.ppo_mini_batch_size:
+            raise ValueError(
+                f"data.train_batch_size × rollout.n = {data.train_batch_size * rollout.n} trajectories is not a "
+                f"multiple of actor.ppo_mini_batch_size × rollout.n = {actor.ppo_mini_batch_size * rollout.n}"
+            )
+        trainer = self.trainer
+        validates = [k for k, on in (("trainer.val_before_train", trainer.val_before_train),
+                                     (f"trainer.test_freq={trainer.test_freq}", trainer.test_freq > 0),
+                                     ("trainer.val_only", trainer.val_only)) if on]
+        if validates and data.val_files is None:
+            raise ValueError(f"{' and '.join(validates)} need data.val_files (validation rows); set data.val_files "
+                             "or turn validation off")
+        if self.serve.min_replicas > self.serve.max_replicas:
+            raise ValueError(
+                f"serve.min_replicas={self.serve.min_replicas} > serve.max_replicas={self.serve.max_replicas}"
+            )
+        if self.algorithm.adv_estimator == "grpo" and rollout.n < 2:
+            raise ValueError("GRPO needs actor_rollout_ref.rollout.n >= 2 samples per prompt")
+        parser = rollout.tool_call_parser
+        if parser is not None and parser != rollout.multi_turn.format:
+            warnings.warn(
+                f"engine_kwargs.vllm.tool_call_parser={parser} (the OpenAI endpoint) differs from "
+                f"multi_turn.format={rollout.multi_turn.format} (what agent loops parse)",
+                ConfigWarning,
+                stacklevel=2,
+            )
+        return self
+
+    @property
+    def max_model_len(self) -> int:
+        """Context length the engines serve."""
+        rollout = self.actor_rollout_ref.rollout
+        engine_len = rollout.engine_kwargs.get(rollout.name, {}).get("max_model_len")
+        return int(
+            rollout.max_model_len or engine_len or self.data.max_prompt_length + self.data.max_response_length
+        )
+
+    @property
+    def tool_config_path(self) -> str | None:
+        return self.actor_rollout_ref.rollout.multi_turn.tool_config_path or self.tools.config_path

@@ -1,0 +1,241 @@
+"""Top-level sections: verl's ``algorithm``, ``data``, ``trainer`` and tandem-rl's own ``serve``,
+``stream``, ``tools``, ``tracking``, ``sft`` (configs layer)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, field_validator
+
+from configs.base import Section
+
+
+class AlgorithmConfig(Section):
+    VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
+        {"kl_ctrl", "use_pf_ppo", "pf_ppo", "filter_groups", "rollout_correction", "rollout_is",
+         "rollout_is_threshold", "rollout_is_threshold_lower", "rollout_is_level", "rollout_is_mode",
+         "rollout_is_veto_threshold", "bypass_mode"}
+    )
+
+    adv_estimator: Literal["grpo"] = "grpo"
+    """Advantage estimator; tandem-rl implements GRPO (verl ``compute_grpo_outcome_advantage``)."""
+    norm_adv_by_std_in_grpo: bool = True
+    """Divide group-centred rewards by the group std (False = Dr. GRPO)."""
+    use_kl_in_reward: bool = False
+    """KL in the reward is not implemented; use ``actor.use_kl_loss``."""
+    kl_penalty: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full"] = "kl"
+    """Estimator for an in-reward KL (unused while ``use_kl_in_reward`` is False)."""
+    gamma: float = Field(default=1.0, ge=0, le=1)
+    """Discount (unused by GRPO; accepted for verl configs)."""
+    lam: float = Field(default=1.0, ge=0, le=1)
+    """GAE lambda (unused by GRPO; accepted for verl configs)."""
+
+    @field_validator("use_kl_in_reward")
+    @classmethod
+    def _no_kl_in_reward(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("algorithm.use_kl_in_reward=true is not implemented; use actor.use_kl_loss=true")
+        return value
+
+
+class DataConfig(Section):
+    VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
+        {"tokenizer", "use_shm", "dataloader_num_workers", "image_key", "video_key", "custom_cls", "sampler",
+         "datagen", "return_full_prompt", "return_multi_modal_inputs", "filter_overlong_prompts_workers",
+         "trust_remote_code", "apply_chat_template_kwargs", "gen_batch_size", "validation_shuffle",
+         "seed", "tool_config_path", "max_samples", "train_max_samples", "val_max_samples", "image_patch_size"}
+    )
+
+    train_files: str | list[str] = "data/gsm8k/train.parquet"
+    """Training rows (parquet or jsonl), one file or a list."""
+    val_files: str | list[str] | None = None
+    """Validation rows (parquet or jsonl)."""
+    prompt_key: str = "prompt"
+    """Row key holding the chat messages."""
+    reward_fn_key: str = "data_source"
+    """Row key that selects the reward function."""
+    train_batch_size: int = Field(default=8, ge=1)
+    """Prompts (groups) per training step; each yields ``rollout.n`` trajectories."""
+    val_batch_size: int | None = Field(default=None, ge=1)
+    """Validation prompts in flight at once (default: all); every validation prompt is always run."""
+    max_prompt_length: int = Field(default=1024, ge=1)
+    """Longest prompt in tokens (chat template and tool schemas included)."""
+    max_response_length: int = Field(default=512, ge=1)
+    """Token budget of one episode's response, shared by all turns (tool tokens included)."""
+    truncation: Literal["error", "left", "right", "middle"] = "error"
+    """Over-long prompts: ``error`` names the row; ``left`` keeps the end; ``right`` keeps the start;
+    ``middle`` keeps both ends."""
+    filter_overlong_prompts: bool = False
+    """Drop (and count) over-long prompts instead of applying ``truncation``."""
+    return_raw_chat: bool = True
+    """Rows keep raw chat messages; the agent loop applies the chat template (always true here)."""
+    shuffle: bool = True
+    """Shuffle training prompts each epoch."""
+
+    @field_validator("return_raw_chat")
+    @classmethod
+    def _raw_chat(cls, value: bool) -> bool:
+        if not value:
+            raise ValueError(
+                "data.return_raw_chat=false is not supported: agent loops render the chat template themselves"
+            )
+        return value
+
+    @property
+    def train_paths(self) -> list[str]:
+        return [self.train_files] if isinstance(self.train_files, str) else list(self.train_files)
+
+    @property
+    def val_paths(self) -> list[str]:
+        if self.val_files is None:
+            return []
+        return [self.val_files] if isinstance(self.val_files, str) else list(self.val_files)
+
+
+class TrainerConfig(Section):
+    VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
+        {"critic_warmup", "balance_batch", "ray_wait_register_center_timeout", "profile_steps", "esi_redundant_time", "del_local_ckpt_after_load",
+         "max_critic_ckpt_to_keep", "use_legacy_worker_impl", "npu_profile", "controller_nsight_options",
+         "worker_nsight_options", "profile_continuous_steps", "generations_to_dump",
+         "log_freq", "use_prefix_grouper"}
+    )
+
+    project_name: str = "tandem-rl"
+    """Experiment name in mlflow (and wandb)."""
+    experiment_name: str = "run"
+    """Run name; checkpoints and outputs live under ``default_local_dir``."""
+    logger: list[Literal["console", "mlflow", "wandb", "tensorboard", "file"]] = ["console", "mlflow"]
+    """Metric sinks; ``wandb`` degrades to a warning when the package or network is missing."""
+    n_gpus_per_node: int = Field(default=1, ge=1, le=64)
+    """Training workers per node (GPUs; CPU processes on a CPU machine)."""
+    nnodes: int = Field(default=1, ge=1)
+    """Nodes for training workers."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Training device (``auto``: CUDA when present)."""
+    total_epochs: int = Field(default=1, ge=1)
+    """Passes over the training prompts."""
+    total_training_steps: int | None = Field(default=None, ge=1)
+    """Stop after this many steps (default: epochs × prompts / train_batch_size)."""
+    save_freq: int = -1
+    """Checkpoint every N steps (-1 = only at the end)."""
+    test_freq: int = -1
+    """Validate every N steps and after the last one (-1 = never), with the adapter of that step; the learner
+    waits while validation runs (as verl's trainer does), so every validation episode samples that adapter."""
+    val_before_train: bool = False
+    """Validate once before the first step (step 0: the base model, or ``model.lora_adapter_path``)."""
+    val_only: bool = False
+    """Validate once, write the metrics, and exit without training."""
+    log_val_generations: int = Field(default=0, ge=0)
+    """Show this many validation samples (input, output, score) per validation: console and an mlflow table."""
+    validation_data_dir: str | None = None
+    """Write every validation's samples to ``<dir>/<step>.jsonl`` (verl's dump: input, output, gts, score,
+    step and the reward's extra keys)."""
+    rollout_data_dir: str | None = None
+    """Write every training step's batch to ``<dir>/<step>.jsonl`` (same format as ``validation_data_dir``)."""
+    default_local_dir: str | None = None
+    """Run outputs (default ``runs/<experiment_name>``)."""
+    resume_mode: Literal["auto", "disable", "resume_path"] = "auto"
+    """``auto`` resumes a run with the same name and storage path."""
+    resume_from_path: str | None = None
+    """Checkpoint folder for ``resume_mode=resume_path``."""
+    max_actor_ckpt_to_keep: int | None = Field(default=2, ge=1)
+    """Checkpoints kept on disk."""
+    max_failures: int = Field(default=0, ge=-1)
+    """Ray Train ``FailureConfig.max_failures`` (-1 = retry forever)."""
+    seed: int = 1
+    """Global seed (data order, sampling seeds, LoRA init)."""
+
+    @property
+    def run_dir(self) -> str:
+        return self.default_local_dir or f"runs/{self.experiment_name}"
+
+
+class ServeConfig(Section):
+    app_name: str = "tandem-rollout"
+    """Serve application name; ``apps.train`` attaches to it if already deployed."""
+    route_prefix: str = "/"
+    """HTTP route of the OpenAI-compatible ingress."""
+    host: str = "127.0.0.1"
+    """HTTP bind address of Serve's proxy."""
+    port: int = Field(default=8000, ge=1, le=65535)
+    """HTTP port of Serve's proxy."""
+    min_replicas: int = Field(default=1, ge=0)
+    """Autoscaling floor of rollout replicas."""
+    max_replicas: int = Field(default=1, ge=1)
+    """Autoscaling ceiling of rollout replicas."""
+    target_ongoing_requests: float = Field(default=16.0, gt=0)
+    """Serve autoscaling target per replica."""
+    max_ongoing_requests: int = Field(default=64, ge=1)
+    """Requests a replica accepts at once."""
+    num_cpus_per_replica: float = Field(default=1.0, gt=0)
+    """CPUs reserved per rollout replica (fractional allowed)."""
+    num_gpus_per_replica: float = Field(default=0.0, ge=0)
+    """GPUs per rollout replica (vLLM)."""
+    api_key_env: str | None = None
+    """Environment variable holding a bearer token the OpenAI ingress requires (unset = open)."""
+    upscale_delay_s: float = Field(default=5.0, ge=0)
+    """Serve autoscaling upscale delay."""
+    downscale_delay_s: float = Field(default=60.0, ge=0)
+    """Serve autoscaling downscale delay."""
+
+
+class StreamConfig(Section):
+    enabled: bool = True
+    """Train on groups as they complete while generation goes on (False = batch-synchronous baseline)."""
+    max_staleness: int = Field(default=1, ge=0, le=64)
+    """How many policy versions generation may run ahead of the learner (0 = on-policy), applied when a group
+    is admitted (AReaL's rule): at version ``v`` at most ``(v + max_staleness + 1) × train_batch_size`` groups
+    have been started. An admitted group always finishes and is trained (see ``abort_stale``)."""
+    abort_stale: bool = False
+    """The older behaviour, for comparison: a publish aborts in-flight groups that started more than
+    ``max_staleness`` versions ago, and queued groups that became too stale are dropped (both counted, with
+    the dropped groups' lengths). It biases training toward short episodes; the default never abandons."""
+    buffer_groups: int | None = Field(default=None, ge=1)
+    """Capacity of the trajectory queue in groups (default ``(max_staleness + 1) × train_batch_size``); a
+    finished group waits for room (back-pressure) instead of being dropped."""
+    partial_rollout: bool = True
+    """Weight syncs interrupt running generations instead of waiting for them (streaming, ``hf`` engine):
+    the rows continue with the new adapter after their KV cache is recomputed, so one long episode never
+    stalls a sync (AReaL's interruptible rollouts, verl's ``partial_rollout``). A trajectory's
+    ``policy_version`` is then the oldest adapter that sampled any of its tokens."""
+
+
+class ToolsConfig(Section):
+    config_path: str | None = None
+    """Tool config YAML; used when ``multi_turn.tool_config_path`` is unset."""
+    max_concurrency: int = Field(default=32, ge=1)
+    """Tool calls in flight per agent worker."""
+    env: dict[str, Any] = Field(default_factory=dict)
+    """Extra keyword arguments every tool receives in its config."""
+
+
+class TrackingConfig(Section):
+    mlflow_tracking_uri: str = "sqlite:///mlruns.db"
+    """mlflow store for params, metrics and traces."""
+    ray_metrics: bool = True
+    """Export buffer/staleness/tool metrics to the Ray dashboard."""
+    ray_dashboard: bool = True
+    """Start the Ray dashboard (:8265) with a local cluster: its metrics view and the State API Ray Train
+    polls need it. ``false`` saves ~1 GB of memory and a second of start-up. Ignored with ``RAY_ADDRESS``."""
+
+
+class SFTConfig(Section):
+    enabled: bool = False
+    """Run a supervised cold start before GRPO (cached under ``output_dir``)."""
+    base_model: str | None = None
+    """The model the cold start fine-tunes (default: ``actor_rollout_ref.model.path``); GRPO then starts from
+    ``output_dir`` when ``model.path`` points there."""
+    train_files: str | list[str] | None = None
+    """Chat transcripts (jsonl with ``messages`` and optional ``tools``)."""
+    output_dir: str = ".cache/sft-model"
+    """Where the SFT model is written; GRPO then starts from it."""
+    epochs: int = Field(default=1, ge=1)
+    """Passes over the transcripts."""
+    lr: float = Field(default=1e-3, gt=0, le=1)
+    """Learning rate."""
+    batch_size: int = Field(default=8, ge=1)
+    """Transcripts per optimizer step."""
+    max_length: int = Field(default=512, ge=16)
+    """Longest transcript in tokens (longer ones are dropped and counted)."""
+    full_finetune: bool = True
+    """Train all weights (True) or a LoRA adapter merged at the end (False)."""

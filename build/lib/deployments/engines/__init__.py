@@ -1,0 +1,30 @@
+"""Rollout engines behind one interface (deployments layer).
+
+``ENGINES`` maps an engine name to its constructor. Both entries import their engine on call, so
+importing this package pulls in neither transformers nor vllm (vllm exists only on GPU machines).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Literal
+
+from deployments.engines.base import Engine, EngineOutput, PromptTooLong
+
+EngineName = Literal["hf", "vllm"]
+
+
+def _hf(model_path: str, **kwargs: Any) -> Engine:
+    from deployments.engines.hf_engine import HFEngine
+
+    return HFEngine(model_path, **kwargs)
+
+
+def _vllm(model_path: str, **kwargs: Any) -> Engine:
+    from deployments.engines.vllm_engine import VLLMEngine
+
+    return VLLMEngine(model_path, **kwargs)
+
+
+ENGINES: dict[EngineName, Callable[..., Engine]] = {"hf": _hf, "vllm": _vllm}
+
+__all__ = ["ENGINES", "Engine", "EngineName", "EngineOutput", "PromptTooLong"]

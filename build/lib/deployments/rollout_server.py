@@ -1,0 +1,235 @@
+"""``RolloutServer``: token-in/token-out generation over an injected engine (deployments layer).
+
+A plain class — tests build it around a real ``HFEngine``; ``apps.rollout`` turns ``RolloutReplica`` (the
+same class plus a constructor that builds the engine from an ``EngineSpec`` inside the replica and
+follows the app's ``AdapterRegistry``) into a Ray Serve deployment.
+
+Policy versions are exact: an adapter swap waits for the generates already running to finish and holds
+new ones back until it is done (``_VersionGate``), so the ``policy_version`` the engine reports on a
+result is the adapter that sampled every one of its tokens. An engine that swaps between decode steps
+itself (``HFEngine(swap="interrupt")``: partial rollouts, ``stream.partial_rollout``), or that keeps each
+request on the adapter it was submitted with (``VLLMEngine``), says so with ``swaps_while_generating``;
+then a swap does not wait for running generates, and a result's ``policy_version`` is the oldest adapter
+that sampled any of its tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable, Literal
+
+from ray import serve
+from ray.actor import ActorHandle
+
+from agents.records import AdapterRef, GenerateRequest, GenerateResult, SamplingParams
+from deployments.adapter_registry import get_adapter_registry
+from deployments.engines.base import Engine
+from deployments.metrics import RolloutMetrics
+
+logger = logging.getLogger(__name__)
+
+EngineName = Literal["hf", "vllm"]
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What a replica needs to build its engine: picklable, so it travels to the replica actor."""
+
+    name: EngineName
+    model: str
+    max_model_len: int
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def _build_hf(spec: EngineSpec) -> Engine:
+    from deployments.engines.hf_engine import HFEngine
+
+    return HFEngine(spec.model, max_model_len=spec.max_model_len, **spec.kwargs)
+
+
+def _build_vllm(spec: EngineSpec) -> Engine:
+    # Imported only here: vllm is a GPU-only dependency.
+    from deployments.engines.vllm_engine import VLLMEngine
+
+    # ``kwargs`` are vLLM engine args (``engine_kwargs.vllm``), passed through whole.
+    return VLLMEngine(spec.model, max_model_len=spec.max_model_len, vllm=spec.kwargs)
+
+
+ENGINE_BUILDERS: dict[EngineName, Callable[[EngineSpec], Engine]] = {"hf": _build_hf, "vllm": _build_vllm}
+
+
+def build_engine(spec: EngineSpec) -> Engine:
+    if spec.name not in ENGINE_BUILDERS:
+        raise ValueError(f"unknown engine {spec.name!r}; expected one of {sorted(ENGINE_BUILDERS)}")
+    return ENGINE_BUILDERS[spec.name](spec)
+
+
+class _VersionGate:
+    """Many generates at once, or one adapter swap alone; a waiting swap holds back new generates."""
+
+    def __init__(self) -> None:
+        self._generates = 0
+        self._swapping = False
+        self._swaps_waiting = 0
+        self._cond = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def generating(self) -> AsyncIterator[None]:
+        async with self._cond:
+            await self._cond.wait_for(lambda: not self._swapping and self._swaps_waiting == 0)
+            self._generates += 1
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._generates -= 1
+                self._cond.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def swapping(self) -> AsyncIterator[None]:
+        async with self._cond:
+            self._swaps_waiting += 1
+            try:
+                await self._cond.wait_for(lambda: not self._swapping and self._generates == 0)
+            finally:
+                self._swaps_waiting -= 1
+            self._swapping = True
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._swapping = False
+                self._cond.notify_all()
+
+
+class RolloutServer:
+    """Serves ``GenerateRequest`` → ``GenerateResult`` with one engine, stamping replica id and policy version."""
+
+    def __init__(self, engine: Engine, *, replica_id: str = "local") -> None:
+        self.engine = engine
+        self.replica_id = replica_id
+        self.actor_name = ""  # the Ray actor's name when running as a Serve replica
+        self.policy_version = 0
+        self.adapter_path = ""  # of the adapter sampling now ("" = base model; version 0 may have one)
+        self._gate = _VersionGate()
+        self._swaps_while_generating = bool(getattr(engine, "swaps_while_generating", False))
+        self._swap_lock = asyncio.Lock()
+        self._in_flight = 0
+        self._peak_in_flight = 0
+        self._served = 0
+        self._background: list[asyncio.Task[None]] = []
+        self.metrics = RolloutMetrics(replica_id)
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        request_id = request.request_id or f"{request.trajectory_id or 'req'}-{uuid.uuid4().hex[:8]}"
+        self._set_in_flight(self._in_flight + 1)
+        start = time.perf_counter()
+        try:
+            async with self._gate.generating():
+                out = await self.engine.generate(request.prompt_ids, request.sampling, request_id)
+        finally:
+            self._set_in_flight(self._in_flight - 1)
+        self._served += 1
+        self.metrics.record_generate(len(out.token_ids), time.perf_counter() - start)
+        return GenerateResult(
+            token_ids=out.token_ids,
+            logprobs=out.logprobs,
+            finish_reason=out.finish_reason,
+            policy_version=out.policy_version,
+            replica_id=self.replica_id,
+            token_versions=out.token_versions,
+        )
+
+    async def load_adapter(self, ref: AdapterRef) -> int:
+        """Sample with ``ref`` from now on (after the running generates finish, unless the engine swaps
+        between steps itself); returns the version."""
+        async with self._swap_lock if self._swaps_while_generating else self._gate.swapping():
+            await self.engine.load_adapter(ref)
+            self.policy_version, self.adapter_path = ref.version, ref.path
+        self.metrics.set_adapter_version(ref.version)
+        logger.info("replica %s now samples with policy version %d (%s)", self.replica_id, ref.version, ref.path)
+        return self.policy_version
+
+    async def check_health(self) -> None:
+        """A real one-token greedy generate; raises if the engine cannot produce it."""
+        sampling = SamplingParams(temperature=0.0, max_new_tokens=1)
+        async with self._gate.generating():
+            out = await self.engine.generate((0,), sampling, f"health-{self.replica_id}")
+        if len(out.token_ids) != 1:
+            raise RuntimeError(f"replica {self.replica_id}: health generate returned {len(out.token_ids)} tokens")
+
+    def record_routing_stats(self) -> dict[str, Any]:
+        """Read by Serve every ``request_routing_stats_period_s`` and shown to ``StickyRouter``."""
+        return {
+            "in_flight": self._in_flight,
+            "peak_in_flight": self._peak_in_flight,
+            "served": self._served,
+            "policy_version": self.policy_version,
+        }
+
+    def replica_stats(self, trajectory_id: str = "") -> dict[str, Any]:
+        """Routing stats plus ids; ``trajectory_id`` only steers the router (ask that trajectory's replica)."""
+        return {"replica_id": self.replica_id, "actor_name": self.actor_name, **self.record_routing_stats()}
+
+    async def follow(self, registry: ActorHandle, poll_s: float = 2.0, heartbeat_s: float = 1.0) -> None:
+        """Load the registry's adapter now, then keep loading newer ones in the background."""
+        ref = await registry.latest.remote()
+        if (ref.version, ref.path) != (self.policy_version, self.adapter_path):  # version 0 may be an adapter
+            await self.load_adapter(ref)
+        await registry.heartbeat.remote(self.replica_id, self.policy_version, self.adapter_path)
+        self._background = [
+            asyncio.create_task(self._follow_loop(registry, poll_s)),
+            asyncio.create_task(self._heartbeat_loop(registry, heartbeat_s)),
+        ]
+
+    async def close(self, registry: ActorHandle | None = None) -> None:
+        for task in self._background:
+            task.cancel()
+        if registry is not None:
+            await registry.forget.remote(self.replica_id)
+        await self.engine.close()
+
+    async def _follow_loop(self, registry: ActorHandle, poll_s: float) -> None:
+        while True:
+            try:
+                ref = await registry.wait_newer.remote(self.replica_id, self.policy_version, poll_s, self.adapter_path)
+                if ref is not None:
+                    await self.load_adapter(ref)
+                    await registry.heartbeat.remote(self.replica_id, self.policy_version, self.adapter_path)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # Fault boundary: keep following; the registry's publish names this replica as lagging.
+                logger.exception("replica %s: following the adapter registry failed; retrying", self.replica_id)
+                await asyncio.sleep(poll_s)
+
+    async def _heartbeat_loop(self, registry: ActorHandle, period_s: float) -> None:
+        while True:
+            with contextlib.suppress(Exception):  # a missed heartbeat is retried next period
+                await registry.heartbeat.remote(self.replica_id, self.policy_version, self.adapter_path)
+            await asyncio.sleep(period_s)
+
+    def _set_in_flight(self, count: int) -> None:
+        self._in_flight = count
+        self._peak_in_flight = max(self._peak_in_flight, count)
+        self.metrics.set_in_flight(count)
+
+
+class RolloutReplica(RolloutServer):
+    """The Serve deployment class: builds its engine in the replica and follows the app's adapter registry."""
+
+    async def __init__(self, spec: EngineSpec) -> None:  # type: ignore[misc]  # Serve awaits async constructors
+        context = serve.get_replica_context()
+        RolloutServer.__init__(self, build_engine(spec), replica_id=context.replica_id.unique_id)
+        self.actor_name = context.replica_id.to_full_id_str()
+        self._registry = get_adapter_registry(context.app_name)
+        # Before serving: a replica started by autoscaling loads the newest adapter first.
+        await self.follow(self._registry)
+
+    async def __del__(self) -> None:
+        await self.close(self._registry)

@@ -1,0 +1,50 @@
+"""Adapter publishing (trainers layer).
+
+The worker hands each new ``AdapterRef`` to a publisher: a Ray actor handle with ``publish(ref)`` or a
+plain callable. ``AdapterLog`` records what was published; ``apps/`` later swaps in (or chains) a
+publisher that loads the adapter on every rollout replica.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agents.records import AdapterRef
+
+
+class AdapterLog:
+    """Records published adapters in order; ``latest()`` is what a replica that joins now should load."""
+
+    def __init__(self) -> None:
+        self._refs: list[AdapterRef] = []
+
+    def publish(self, ref: AdapterRef) -> None:
+        if self._refs and ref.version <= self._refs[-1].version:
+            # A retried step after a worker failure republishes its version: keep the newest path.
+            self._refs = [r for r in self._refs if r.version < ref.version]
+        self._refs.append(ref)
+
+    def published(self) -> list[AdapterRef]:
+        return list(self._refs)
+
+    def latest(self) -> AdapterRef:
+        return self._refs[-1] if self._refs else AdapterRef(version=0)
+
+
+def adapter_log_actor() -> Any:
+    import ray
+
+    return ray.remote(num_cpus=0)(AdapterLog).remote()
+
+
+def publish(publisher: Any, ref: AdapterRef) -> None:
+    """Publish through an actor handle (waits until it is recorded) or call a plain callable."""
+    if publisher is None:
+        return
+    remote = getattr(publisher, "publish", None)
+    if remote is not None and hasattr(remote, "remote"):
+        import ray
+
+        ray.get(remote.remote(ref))
+    else:
+        publisher(ref)

@@ -1,0 +1,89 @@
+"""Build and run the GRPO learner as a Ray Train ``TorchTrainer`` (trainers layer).
+
+``build_trainer`` maps config sections onto Ray Train: workers = ``n_gpus_per_node × nnodes`` (gloo
+on CPU, nccl on GPU), run name = ``trainer.experiment_name``, storage under ``<run_dir>/ray_train`` so
+that a second trainer with the same name resumes (``trainer.resume_mode=auto``), failures retried
+``trainer.max_failures`` times, ``trainer.max_actor_ckpt_to_keep`` checkpoints kept.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+from ray.train.torch import TorchConfig, TorchTrainer
+
+from configs import TandemConfig
+from trainers.worker import LEARNER_METRICS, WorkerSpec, train_loop_per_worker
+
+
+def _use_gpu(device: str) -> bool:
+    return device == "cuda" or (device == "auto" and torch.cuda.is_available())
+
+
+def worker_spec(cfg: TandemConfig, source: Any, publisher: Any, total_steps: int | None = None,
+                metrics_sink: Any = None) -> WorkerSpec:
+    """The worker's slice of the experiment config (each component gets only its own sections)."""
+    arr = cfg.actor_rollout_ref
+    return WorkerSpec(
+        actor=arr.actor, model=arr.model, algorithm=cfg.algorithm, trainer=cfg.trainer,
+        max_response_length=cfg.data.max_response_length, temperature=arr.rollout.temperature,
+        run_dir=str(Path(cfg.trainer.run_dir).resolve()), source=source, publisher=publisher,
+        metrics_sink=metrics_sink, total_steps=total_steps if total_steps is not None else cfg.trainer.total_training_steps,
+    )
+
+
+def build_trainer(
+    cfg: TandemConfig, source: Any, publisher: Any = None, *, total_steps: int | None = None,
+    num_cpus_per_worker: float = 1.0, metrics_sink: Any = None,
+) -> TorchTrainer:
+    """A ``TorchTrainer`` running ``train_loop_per_worker`` over ``source``, publishing to ``publisher`` and
+    reporting each step's metrics to ``metrics_sink`` (an actor handle with ``learner(metrics)``) when given."""
+    trainer_cfg = cfg.trainer
+    use_gpu = _use_gpu(trainer_cfg.device)
+    spec = worker_spec(cfg, source, publisher, total_steps, metrics_sink)
+    resources = None if use_gpu else {"CPU": num_cpus_per_worker}
+    return TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"spec": spec},
+        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+        scaling_config=ScalingConfig(
+            num_workers=trainer_cfg.n_gpus_per_node * trainer_cfg.nnodes, use_gpu=use_gpu,
+            resources_per_worker=resources,
+        ),
+        run_config=RunConfig(
+            name=trainer_cfg.experiment_name,
+            storage_path=str(Path(spec.run_dir) / "ray_train"),
+            failure_config=FailureConfig(max_failures=trainer_cfg.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=trainer_cfg.max_actor_ckpt_to_keep),
+            # Ray Train's per-report and worker-group INFO lines stay in its log files, off the console
+            logging_config=LoggingConfig(log_level="WARNING"),
+        ),
+    )
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, float]]:
+    """Per-step metrics written by rank 0, one per step (a step retried after a failure keeps its last line)."""
+    path = Path(run_dir).resolve() / LEARNER_METRICS
+    if not path.exists():
+        return []
+    by_step: dict[int, dict[str, float]] = {}
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        by_step[int(row["step"])] = row
+    return [by_step[k] for k in sorted(by_step)]
+
+
+def run_training(
+    cfg: TandemConfig, source: Any, publisher: Any = None, *, total_steps: int | None = None,
+    num_cpus_per_worker: float = 1.0,
+) -> list[dict[str, float]]:
+    """Fit the trainer and return the per-step metrics of the whole run (resumed steps included)."""
+    result = build_trainer(cfg, source, publisher, total_steps=total_steps,
+                           num_cpus_per_worker=num_cpus_per_worker).fit()
+    if result.error is not None:
+        raise result.error
+    return read_metrics(cfg.trainer.run_dir)

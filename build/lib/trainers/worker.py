@@ -1,0 +1,222 @@
+"""The Ray Train per-worker loop (trainers layer): pull a batch, run a GRPO step, publish the adapter,
+report metrics, checkpoint, resume.
+
+Rank 0 is the only rank that talks to the source and the publisher and writes files; the batch reaches
+the other ranks through ``broadcast_object_list``. Metrics also go to ``<run_dir>/learner_metrics.jsonl``
+(rank 0, one line per step) because Ray Train V2 may hand back ``result.metrics = None``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+import ray.train
+import torch
+import torch.distributed as dist
+from verl.utils.torch_functional import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
+
+from agents.records import AdapterRef, Trajectory
+from configs.actor import ActorConfig, ModelConfig, OptimConfig
+from configs.sections import AlgorithmConfig, TrainerConfig
+from trainers.model import (
+    build_policy,
+    gather_adapter,
+    load_training_state,
+    resolve_device,
+    save_adapter,
+    training_state,
+)
+from trainers.publisher import publish
+from trainers.step import StepSettings, train_step
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a training worker needs: its config sections and the handles it talks to."""
+
+    actor: ActorConfig
+    model: ModelConfig
+    algorithm: AlgorithmConfig
+    trainer: TrainerConfig
+    max_response_length: int
+    temperature: float  # rollout sampling temperature: log-probs are computed at the same temperature
+    run_dir: str  # absolute
+    source: Any  # TrajectorySource actor handle
+    publisher: Any = None  # actor handle with publish(ref), or a callable
+    metrics_sink: Any = None  # actor handle with learner(metrics): the streaming driver logs them per step
+    total_steps: int | None = None  # stop after this many steps; also the cosine horizon
+
+
+@dataclass(frozen=True)
+class Progress:
+    step: int = 0
+    policy_version: int = 0
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, optim: OptimConfig, total_steps: int | None):
+    """verl's LR schedules; one scheduler step per training step (as verl's actor)."""
+    total = optim.total_training_steps if optim.total_training_steps > 0 else total_steps
+    warmup = optim.lr_warmup_steps
+    if warmup < 0:
+        if optim.lr_warmup_steps_ratio and not total:
+            raise ValueError("actor.optim.lr_warmup_steps_ratio needs a known number of training steps")
+        warmup = int(optim.lr_warmup_steps_ratio * (total or 0))
+    kind = optim.warmup_style or optim.lr_scheduler_type
+    if kind == "constant":
+        return get_constant_schedule_with_warmup(optimizer, num_warmup_steps=warmup)
+    if not total:
+        raise ValueError("actor.optim.lr_scheduler_type=cosine needs trainer.total_training_steps")
+    return get_cosine_schedule_with_warmup(optimizer, num_warmup_steps=warmup, num_training_steps=total,
+                                           min_lr_ratio=optim.min_lr_ratio)
+
+
+def _pull_batch(source: Any, step: int, rank: int) -> list[Trajectory] | None:
+    box: list[Any] = [ray.get(source.next_batch.remote(step)) if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    if box[0] is not None and not box[0]:
+        raise ValueError(f"the trajectory source returned an empty batch for step {step} (None ends training)")
+    return box[0]
+
+
+def _has_method(handle: Any, name: str) -> bool:
+    try:
+        return hasattr(getattr(handle, name), "remote")
+    except AttributeError:
+        return False
+
+
+def _checkpoint_to_load(spec: WorkerSpec) -> ray.train.Checkpoint | None:
+    mode = spec.trainer.resume_mode
+    if mode == "disable":
+        return None
+    if mode == "resume_path":
+        if not spec.trainer.resume_from_path:
+            raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path")
+        return ray.train.Checkpoint.from_directory(spec.trainer.resume_from_path)
+    return ray.train.get_checkpoint()
+
+
+def _restore(spec: WorkerSpec, model, optimizer, scheduler, rank: int) -> Progress:
+    checkpoint = _checkpoint_to_load(spec)
+    if checkpoint is None:
+        return Progress()
+    with checkpoint.as_directory() as folder:
+        state = torch.load(Path(folder) / "state.pt", map_location="cpu", weights_only=False)
+    load_training_state(model, optimizer, state)
+    scheduler.load_state_dict(state["scheduler"])
+    if rank == 0 and state.get("source") is not None and _has_method(spec.source, "load_state"):
+        ray.get(spec.source.load_state.remote(state["source"]))
+    progress = Progress(**state["progress"])
+    log.info("resumed at step %d (policy version %d)", progress.step, progress.policy_version)
+    return progress
+
+
+def _save_checkpoint(spec, model, optimizer, scheduler, progress: Progress, folder: Path, rank: int) -> bool:
+    """Write the checkpoint on rank 0 (a collective: every rank calls it). True on rank 0."""
+    state = training_state(model, optimizer)
+    if rank != 0:
+        return False
+    state["scheduler"] = scheduler.state_dict()
+    state["progress"] = {"step": progress.step, "policy_version": progress.policy_version}
+    state["source"] = ray.get(spec.source.state.remote()) if _has_method(spec.source, "state") else None
+    torch.save(state, folder / "state.pt")
+    return True
+
+
+def _publish_adapter(spec: WorkerSpec, model, version: int, rank: int) -> AdapterRef | None:
+    adapter = gather_adapter(model)
+    if rank != 0:
+        return None
+    path = save_adapter(model, adapter, Path(spec.run_dir) / "adapters" / f"v{version}")
+    ref = AdapterRef(version=version, path=str(path), base_model=spec.model.path)
+    publish(spec.publisher, ref)
+    return ref
+
+
+def _report(spec, model, optimizer, scheduler, progress: Progress, metrics: dict, checkpoint: bool, rank: int):
+    if not checkpoint:
+        ray.train.report(metrics)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        on_rank0 = _save_checkpoint(spec, model, optimizer, scheduler, progress, Path(tmp), rank)
+        ray.train.report(
+            metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp) if on_rank0 else None,
+            checkpoint_dir_name=f"step_{progress.step:06d}",
+        )
+
+
+LEARNER_METRICS = "learner_metrics.jsonl"
+
+
+def append_metrics(run_dir: str, metrics: dict[str, float]) -> None:
+    path = Path(run_dir) / LEARNER_METRICS
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        fh.write(json.dumps(metrics, sort_keys=True) + "\n")
+
+
+def _settings(spec: WorkerSpec, device: torch.device) -> StepSettings:
+    return StepSettings(
+        actor=spec.actor, max_response_length=spec.max_response_length,
+        norm_adv_by_std_in_grpo=spec.algorithm.norm_adv_by_std_in_grpo, temperature=spec.temperature,
+        packed=spec.model.use_remove_padding, device=device, seed=spec.trainer.seed,
+    )
+
+
+def build_optimizer(model: torch.nn.Module, optim: OptimConfig) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(params, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay)
+
+
+def train_loop_per_worker(config: dict[str, Any]) -> None:
+    """Ray Train entry point; ``config["spec"]`` is a ``WorkerSpec``."""
+    spec: WorkerSpec = config["spec"]
+    ctx = ray.train.get_context()
+    rank = ctx.get_world_rank()
+    device = resolve_device(spec.trainer.device)
+    if device.type == "cuda":
+        import ray.train.torch as ray_torch
+
+        device = ray_torch.get_device()
+    model = build_policy(spec.model, spec.actor.fsdp_config, device, spec.trainer.seed)
+    optimizer = build_optimizer(model, spec.actor.optim)
+    scheduler = make_scheduler(optimizer, spec.actor.optim, spec.total_steps)
+    progress = _restore(spec, model, optimizer, scheduler, rank)
+    if progress.policy_version > 0:
+        # Resumed: the rollout replicas (a fresh app, or one reset on attach) still sample the base model,
+        # and the buffer would drop their groups as stale forever. Publish the restored adapter first.
+        _publish_adapter(spec, model, progress.policy_version, rank)
+    settings = _settings(spec, device)
+    save_freq = spec.trainer.save_freq
+    while spec.total_steps is None or progress.step < spec.total_steps:
+        step = progress.step + 1
+        wait_start = time.perf_counter()
+        batch = _pull_batch(spec.source, step, rank)
+        if batch is None:
+            break
+        wait_s = time.perf_counter() - wait_start
+        metrics = train_step(model, optimizer, scheduler, batch, step, settings)
+        progress = Progress(step=step, policy_version=progress.policy_version + 1)
+        _publish_adapter(spec, model, progress.policy_version, rank)
+        metrics.update(step=float(step), policy_version=float(progress.policy_version), batch_wait_s=wait_s)
+        if rank == 0:
+            append_metrics(spec.run_dir, metrics)
+            if spec.metrics_sink is not None:
+                ray.get(spec.metrics_sink.learner.remote(metrics))
+        last = spec.total_steps is not None and step == spec.total_steps
+        checkpoint = (save_freq > 0 and step % save_freq == 0) or (last and save_freq != 0)
+        _report(spec, model, optimizer, scheduler, progress, metrics, checkpoint, rank)
+    else:
+        return
+    # The source ran dry before total_steps: checkpoint the final state unless the last step just did.
+    if progress.step and not (save_freq > 0 and progress.step % save_freq == 0):
+        _report(spec, model, optimizer, scheduler, progress, {"step": float(progress.step)}, True, rank)
