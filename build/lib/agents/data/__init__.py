@@ -1,1 +1,0 @@
-"""Data preparation helpers (agents layer: pure): verl-format rows, prompt limits, task sources."""
