@@ -253,10 +253,7 @@ class PrefixCache:
             return
         tokens = tuple(prompt)
         previous, self._last = self._last, tokens
-        common = 0
-        limit = min(len(tokens), len(previous))
-        while common < limit and tokens[common] == previous[common]:
-            common += 1
+        common = common_prefix([tokens, previous])
         if common >= self.min_tokens:
             self.store(tokens[:common], cache, row)
 

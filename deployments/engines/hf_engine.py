@@ -326,12 +326,14 @@ class HFEngine:
                 distinct.append(i)
         return distinct, [row_of[tuple(sequence)] for sequence in sequences]
 
-    def _forward_unpadded(self, sequences: list[list[int]]) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, int]:
+    def _forward_unpadded(
+        self, sequences: list[list[int]]
+    ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, int, int]:
         """Forward sequences of equal length together; no padding, so each row equals its solo forward.
 
-        Each distinct sequence is forwarded once; duplicates get copies of its cache row and logits.
-        Returns the cache, its attention mask [b, L], the logits of the last position [b, V] and the
-        number of tokens forwarded.
+        Each distinct sequence is forwarded once; duplicates get copies of its cache row and logits; a stored
+        prefix they all start with is not forwarded again. Returns the cache, its attention mask [b, L], the
+        logits of the last position [b, V], the number of tokens forwarded and of tokens taken from a prefix.
         """
         distinct, rows = self._distinct_rows(sequences)
         unique = [sequences[i] for i in distinct]
@@ -351,14 +353,13 @@ class HFEngine:
                           past_key_values=cache, use_cache=True, logits_to_keep=1, **extra)
         for row, sequence in enumerate(unique):
             self._prefixes.remember(sequence, cache, row)
-        self._stats["prefill_tokens_cached"] += start * len(unique)
         logits = out.logits[:, -1]  # [u, V]
         if len(distinct) < len(sequences):
             index = torch.tensor(rows)  # [b] distinct row of each sequence
             repeat_rows(cache, index)
             logits = logits[index.to(logits.device)]  # [b, V]
         mask = torch.ones(len(sequences), length, dtype=torch.long)  # [b, L]
-        return cache, mask, logits, input_ids.numel()
+        return cache, mask, logits, input_ids.numel(), start * len(unique)
 
     def _warm_prefix(self, prompts: list[list[int]]) -> None:
         """Prompts admitted together that share a prefix (a burst of agent prompts after one system prompt): forward
@@ -378,10 +379,10 @@ class HFEngine:
 
     def _prefill(self, group: list[RequestState]) -> RunningBatch:
         """Prompts of equal length, prefilled together; samples each one's first token."""
-        cached = self._stats["prefill_tokens_cached"]
-        cache, mask, logits, computed = self._forward_unpadded([r.prompt_ids for r in group])
+        cache, mask, logits, computed, reused = self._forward_unpadded([r.prompt_ids for r in group])
         self._stats["prefill_tokens"] += computed
-        self._stats["prefill_tokens_shared"] += mask.numel() - computed - (self._stats["prefill_tokens_cached"] - cached)
+        self._stats["prefill_tokens_cached"] += reused
+        self._stats["prefill_tokens_shared"] += mask.numel() - computed - reused
         return RunningBatch(group, cache, mask, self._append(group, logits))
 
     @torch.inference_mode()
@@ -398,7 +399,7 @@ class HFEngine:
                 by_length.setdefault(len(request.prompt_ids) + len(request.token_ids) - 1, []).append(request)
         parts = []
         for group in by_length.values():
-            cache, mask, _, computed = self._forward_unpadded([r.prompt_ids + r.token_ids[:-1] for r in group])
+            cache, mask, _, computed, _ = self._forward_unpadded([r.prompt_ids + r.token_ids[:-1] for r in group])
             parts.append(RunningBatch(group, cache, mask, torch.tensor([r.token_ids[-1] for r in group])))
             self._stats["interrupted_rows"] += len(group)
             self._stats["recomputed_tokens"] += computed
