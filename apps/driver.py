@@ -195,7 +195,7 @@ class AdapterPublisher:
     """
 
     def __init__(self, app_name: str, coordinator: Any, sink: Any, wait_s: float = 300.0, *, validator: Any = None,
-                 test_freq: int = -1, total_steps: int | None = None):
+                 test_freq: int = -1, total_steps: int | None = None, validate_before_train: bool = False):
         from apps.rollout import publish_adapter
         from deployments.adapter_registry import get_adapter_registry
 
@@ -206,37 +206,37 @@ class AdapterPublisher:
         self.coordinator = coordinator
         self.sink = sink
         self.wait_s = wait_s
-        self.switches: list[dict[str, Any]] = []
-        self.latest = AdapterRef(version=0)
         self.validator = validator
         self.test_freq = test_freq
         self.total_steps = total_steps
-        self._lock = threading.Lock()  # a publish waits for a validation of the version before it
+        # With validate_before_train, publishing waits until validate_start has validated version 0, whichever
+        # call reaches this (threaded) actor first.
+        self._start_validated = threading.Event()
+        if not validate_before_train:
+            self._start_validated.set()
 
     def validate_start(self) -> None:
         """Validate policy version 0 while the learner starts and the first groups generate; the first publish
         waits for it, so every validation episode samples version 0."""
-        with self._lock:
+        try:
             ray.get(self.sink.validation.remote(self.validator.run(0)))
+        finally:
+            self._start_validated.set()
 
     def validates_at(self, version: int) -> bool:
         return self.validator is not None and self.test_freq > 0 and (
             version % self.test_freq == 0 or version == self.total_steps)
 
     def publish(self, ref: AdapterRef) -> dict[str, int]:
-        with self._lock:
-            return self._publish_locked(ref)
-
-    def _publish_locked(self, ref: AdapterRef) -> dict[str, int]:
+        self._start_validated.wait()
         started = time.perf_counter()
         loaded = self._publish(self.app_name, ref, self.wait_s)
         elapsed = time.perf_counter() - started
         for replica, version in sorted(loaded.items()):
             log.info("replica %s switched to policy version %d (%.2fs after publish)", replica, version, elapsed)
         self._reported.update(loaded)
-        self.switches.append({"version": ref.version, "replicas": loaded, "sync_s": elapsed, "joined": False})
-        ray.get(self.sink.switch.remote(self.switches[-1]))
-        self.latest = ref
+        switch = {"version": ref.version, "replicas": loaded, "sync_s": elapsed, "joined": False}
+        ray.get(self.sink.switch.remote(switch))
         ray.get(self.coordinator.on_publish.remote(ref.version))
         if self.validates_at(ref.version):
             ray.get(self.sink.validation.remote(self.validator.run(ref.version)))
@@ -248,11 +248,8 @@ class AdapterPublisher:
         joined = {replica: version for replica, version in live.items() if replica not in self._reported}
         self._reported.update(joined)
         if joined:
-            self.switches.append({"version": max(joined.values()), "replicas": joined, "sync_s": None, "joined": True})
-            ray.get(self.sink.switch.remote(self.switches[-1]))
-
-    def weight_sync(self) -> list[dict[str, Any]]:
-        return list(self.switches)
+            ray.get(self.sink.switch.remote({"version": max(joined.values()), "replicas": joined, "sync_s": None,
+                                             "joined": True}))
 
 
 AdapterPublisherActor = ray.remote(num_cpus=0)(AdapterPublisher).options(max_concurrency=8)

@@ -3,8 +3,8 @@ validation, each step's metrics to the tracker, verl's generation dumps.
 
 ``follow_steps`` takes finished steps, validations and replica switches from the metrics sink, joins each
 step's learner metrics with the buffer's rollout metrics of that step, the admission counts and the validation
-taken at it (``merge_sources``: a key two sources report must agree), and hands the row to the ``RunTracker``. ``Reporter`` owns the console lines and dump files of validations and
-training batches.
+taken at it (``merge_sources``: a key two sources report must agree), and hands the row to the ``RunTracker``.
+``Reporter`` owns the console lines and dump files of validations and training batches.
 """
 
 from __future__ import annotations

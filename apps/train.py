@@ -110,10 +110,12 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
                                           shuffle=cfg.data.shuffle, run_id=run_id)
     ray.get(buffer.set_drop_listener.remote(coordinator))
     sink = MetricsSinkActor.remote()
+    validate_first = validator is not None and cfg.trainer.val_before_train
     publisher = AdapterPublisherActor.remote(cfg.serve.app_name, coordinator, sink, validator=validator,
-                                             test_freq=cfg.trainer.test_freq, total_steps=total_steps)
+                                             test_freq=cfg.trainer.test_freq, total_steps=total_steps,
+                                             validate_before_train=validate_first)
     coordinator_done = coordinator.run.remote()
-    if validator is not None and cfg.trainer.val_before_train:
+    if validate_first:
         # Version 0 is validated while the learner starts and the first groups generate (both with version 0);
         # the first publish waits for it. The result reaches the console and metrics through the sink.
         publisher.validate_start.remote()
@@ -134,9 +136,9 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
     finally:
         ray.get(coordinator.stop.remote())
         ray.get(buffer.close.remote())
-        admitted = ray.get(coordinator_done)
+        admission_stats = ray.get(coordinator_done)
         failure = ray.get(coordinator.failure.remote())
-        accounting = group_accounting(admitted, ray.get(buffer.stats.remote()))
+        accounting = group_accounting(admission_stats, ray.get(buffer.stats.remote()))
         (run_dir / "accounting.json").write_text(json.dumps(accounting, indent=1) + "\n")
         if not accounting["groups/balanced"]:
             log.error("group accounting does not add up: %s", accounting)

@@ -51,7 +51,7 @@ from agents.records import AdapterRef, SamplingParams, Trajectory
 from configs import load_config
 from deployments.engines.hf_engine import HFEngine, SwapMode
 from trainers.admission import AdmissionController
-from trainers.buffer import TrajectoryBuffer
+from trainers.buffer import TrajectoryBuffer, long_share, long_threshold
 from trainers.model import build_policy, gather_adapter, save_adapter
 from trainers.step import StepSettings, train_step
 from trainers.worker import build_optimizer, make_scheduler
@@ -268,10 +268,9 @@ class Run:
         """(threshold, trained long share, generated long share) over the groups whose generation ended (finished,
         aborted or dropped; not those still running when the mode stopped): the threshold is the 90th percentile of
         their samples' lengths."""
-        generated = sorted(k for g in set(self.settled_groups) for k in lengths_for(g, self.n))
-        threshold = generated[min(len(generated) - 1, round(0.9 * (len(generated) - 1)))]
-        share = lambda xs: sum(x > threshold for x in xs) / len(xs)  # noqa: E731
-        return threshold, share(self.trained_lengths), share(generated)
+        generated = [k for g in set(self.settled_groups) for k in lengths_for(g, self.n)]
+        threshold = long_threshold(generated)
+        return threshold, long_share(self.trained_lengths, threshold), long_share(generated, threshold)
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ their lengths, and reported to ``on_drop`` so that their admission slots go back
 Per step the buffer reports what could bias training toward short episodes: the mean response length of
 what it trains and of what arrived since the previous batch, the share of *long* samples (above the 90th
 percentile of every length generated so far) among everything trained vs everything generated, response
-tokens generated per token trained, dropped groups with their mean length, and per policy token the
+tokens generated per token trained, the mean length of dropped groups (their count is ``groups/dropped_stale``), and per policy token the
 versions it lags the learner (``staleness/token_mean``) and the share sampled by an older version.
 """
 
@@ -29,26 +29,31 @@ from agents.records import Trajectory
 
 @dataclass
 class BufferStats:
-    arrived: int = 0  # groups put
     trained: int = 0
     dropped_stale: int = 0  # drop_stale only
     trained_trajectories: int = 0
 
-    def as_dict(self, depth: int) -> dict[str, float]:
+    def as_dict(self, depth: int, arrived: int) -> dict[str, float]:
         return {
             "buffer/depth": float(depth),
-            "groups/arrived": float(self.arrived),
+            "groups/arrived": float(arrived),
             "groups/trained": float(self.trained),
             "groups/dropped_stale": float(self.dropped_stale),
             "trajectories/trained": float(self.trained_trajectories),
         }
 
 
-def _percentile(sorted_values: list[int], q: float) -> float:
-    if not sorted_values:
+def long_threshold(lengths: list[int]) -> float:
+    """The 90th percentile of ``lengths`` (nearest rank): samples longer than it are *long*."""
+    if not lengths:
         return 0.0
-    k = min(len(sorted_values) - 1, max(0, int(round(q * (len(sorted_values) - 1)))))
-    return float(sorted_values[k])
+    ordered = sorted(lengths)
+    return float(ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))])
+
+
+def long_share(lengths: list[int], threshold: float) -> float:
+    """Share of ``lengths`` above ``threshold`` (0 when empty)."""
+    return sum(n > threshold for n in lengths) / len(lengths) if lengths else 0.0
 
 
 class LengthLedger:
@@ -71,17 +76,15 @@ class LengthLedger:
     def step_metrics(self, batch: list[Trajectory]) -> dict[str, float]:
         lengths = [len(t.response_ids) for t in batch]
         self.trained.extend(lengths)
-        threshold = _percentile(sorted(self.generated), 0.9)
-        share = lambda xs: sum(x > threshold for x in xs) / len(xs) if xs else 0.0  # noqa: E731
+        threshold = long_threshold(self.generated)
         since, self._since_batch = self._since_batch, []
         out = {
             "response_length/trained_mean": sum(lengths) / len(lengths),
             "response_length/generated_mean": sum(since) / len(since) if since else float("nan"),
             "response_length/long_threshold": threshold,
-            "long_share/trained": share(self.trained),
-            "long_share/generated": share(self.generated),
+            "long_share/trained": long_share(self.trained, threshold),
+            "long_share/generated": long_share(self.generated, threshold),
             "tokens/generated_per_trained": sum(self.generated) / max(1, sum(self.trained)),
-            "groups/dropped_count": float(len(self.dropped_groups)),
         }
         if self.dropped_groups:
             out["response_length/dropped_group_mean"] = sum(self.dropped_groups) / len(self.dropped_groups)
@@ -159,7 +162,6 @@ class TrajectoryBuffer:
             await self._changed.wait_for(lambda: len(self._groups) < self.capacity or self.closed)
             self._arrived_ids.add(group_id)
             self._groups.append(list(group))
-            self._stats.arrived += 1
             self._lengths.arrived(group)
             self._changed.notify_all()
 
@@ -217,7 +219,7 @@ class TrajectoryBuffer:
             self._changed.notify_all()
 
     async def stats(self) -> dict[str, float]:
-        return self._stats.as_dict(len(self._groups))
+        return self._stats.as_dict(len(self._groups), len(self._arrived_ids))
 
     async def pop_step_metrics(self, step: int) -> dict[str, float]:
         """Rollout metrics of the batch handed out for ``step`` (reward, lengths, tools, staleness)."""

@@ -128,8 +128,8 @@ def _update(model, optimizer, samples, plan, s: StepSettings, verl_cfg, sums: di
         inputs, tokens = _loss_inputs(model, mb, s)
         if mb.old_log_probs is None:
             gap = (mb.rollout_log_probs.to(s.device) - inputs.old_log_prob).abs() * inputs.response_mask
-            sums["_gap"] = sums.get("_gap", 0.0) + float(gap.sum())
-            sums["_gap_tokens"] = sums.get("_gap_tokens", 0.0) + float(inputs.response_mask.sum())
+            sums["_gap"] += float(gap.sum())
+            sums["_gap_tokens"] += float(inputs.response_mask.sum())
         loss, metrics = grpo_loss(verl_cfg, inputs, plan.info)
         loss.backward()
         for key, value in metrics.items():
@@ -189,16 +189,16 @@ def train_step(
     on_policy = is_on_policy(plans, actor, model)
     model.eval()  # no dropout in the recompute pass (LoRA dropout is 0; base dropout follows the HF config)
     samples = recompute_log_probs(model, samples, plans, s, old=not on_policy)
-    gap = {"_gap": 0.0, "_gap_tokens": 0.0}
+    # the rollout log-prob gap: from the recomputed old log-probs here, on-policy from the update's forward
+    sums: dict[str, float] = {"_gap": 0.0, "_gap_tokens": 0.0}
     for plan in plans if not on_policy else ():
         for i in (i for mb in plan.micro_batches for i in mb):
             mask = torch.tensor(samples[i].response_mask, dtype=torch.float32)
             rollout = torch.tensor(samples[i].rollout_logprobs)
-            gap["_gap"] += float(((rollout - samples[i].old_log_prob).abs() * mask).sum())
-            gap["_gap_tokens"] += float(mask.sum())
+            sums["_gap"] += float(((rollout - samples[i].old_log_prob).abs() * mask).sum())
+            sums["_gap_tokens"] += float(mask.sum())
     model.train()
     verl_cfg = verl_actor_config(actor, s.max_response_length)
-    sums: dict[str, float] = {}
     grad_norms = []
     lr = optimizer.param_groups[0]["lr"]
     for _epoch in range(actor.ppo_epochs):
@@ -207,7 +207,7 @@ def train_step(
     scheduler.step()
     updates = len(grad_norms)
     keys = [*_GLOBAL_SUMS, *_TOKEN_MEANS, "_tokens", "_gap", "_gap_tokens"]
-    total = _reduce({**gap, **sums} if on_policy else {**sums, **gap}, keys)
+    total = _reduce(sums, keys)
     metrics = {k: total[k] / world / updates for k in _GLOBAL_SUMS if k in sums}
     metrics.update({k: total[k] / max(total["_tokens"], 1.0) for k in _TOKEN_MEANS if k in sums})
     metrics["rollout_logprob_gap"] = total["_gap"] / max(total["_gap_tokens"], 1.0)
