@@ -143,7 +143,9 @@ class Coordinator:
             self._wake.set()
 
     async def _reconcile(self) -> None:
-        """At stop: a cancelled call may have put its group already; such a ticket finished (it is queued)."""
+        """At stop: a cancelled call may have put its group already; such a ticket finished (it is queued). The
+        buffer is sealed first, so a put still in transit cannot land after this count."""
+        await self.buffer.seal.remote()
         pending = {group_id: ticket_id for ticket_id, (group_id, _) in self._in_flight.items()
                    if ticket_id not in self._aborted}
         if pending:

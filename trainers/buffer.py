@@ -132,6 +132,7 @@ class TrajectoryBuffer:
         # the admission bound keeps at most (max_staleness + 1) batches generated ahead of the learner
         self.capacity = max(capacity_groups or (max_staleness + 1) * batch_groups, batch_groups)
         self.closed = False
+        self.sealed = False  # no more groups from producers (the coordinator stopped)
         self._groups: deque[list[Trajectory]] = deque()
         self._stats = BufferStats()
         self._lengths = LengthLedger()
@@ -159,7 +160,9 @@ class TrajectoryBuffer:
         async with self._changed:
             if group_id in self._discarded:  # aborted in flight: counted by admission already
                 return
-            await self._changed.wait_for(lambda: len(self._groups) < self.capacity or self.closed)
+            await self._changed.wait_for(lambda: len(self._groups) < self.capacity or self.closed or self.sealed)
+            if self.sealed:  # the run's dispatch is over and reconciled: admission counts it as left in flight
+                return
             self._arrived_ids.add(group_id)
             self._groups.append(list(group))
             self._lengths.arrived(group)
@@ -170,6 +173,13 @@ class TrajectoryBuffer:
         async with self._changed:
             self._discarded.update(group_ids)
             self._groups = deque(g for g in self._groups if g[0].group_id not in self._discarded)
+            self._changed.notify_all()
+
+    async def seal(self) -> None:
+        """Refuse every later group (a put may still be in transit when the coordinator stops): what arrived is
+        final, so the end-of-run reconciliation cannot count a late group both queued and in flight."""
+        async with self._changed:
+            self.sealed = True
             self._changed.notify_all()
 
     async def arrived(self, group_ids: list[str]) -> list[str]:

@@ -56,7 +56,57 @@ class FakeBuffer:
         async def arrived(ids):
             return []
 
-        self.close, self.arrived = Remote(close), Remote(arrived)
+        async def seal():
+            pass
+
+        self.close, self.arrived, self.seal = Remote(close), Remote(arrived), Remote(seal)
+
+
+class InProcess:
+    """A real object's async methods called as ``obj.method.remote(...)``."""
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __getattr__(self, name):
+        return Remote(getattr(self.obj, name))
+
+
+def test_a_group_still_in_transit_at_stop_is_counted_once():
+    """A worker call cancelled at stop whose put was already sent: the put lands after the coordinator stopped. The
+    sealed buffer refuses it, so the group is left in flight (not also queued) and the accounting balances."""
+    from agents.records import Trajectory
+    from apps.coordinator import accounting
+    from trainers.buffer import TrajectoryBuffer
+
+    async def body():
+        buffer = TrajectoryBuffer(batch_groups=1, max_staleness=0)
+        in_transit: list[asyncio.Future] = []
+        sent = asyncio.Event()
+
+        async def run_rows(rows, step, group_ids):
+            group = [Trajectory(trajectory_id=f"{group_ids[0]}-0", group_id=group_ids[0], prompt_ids=(1,),
+                                response_ids=(2,), response_mask=(1,), rollout_logprobs=(-0.1,), reward=1.0,
+                                policy_version=0)]
+
+            async def deliver():  # the message is on its way: cancelling the caller does not recall it
+                await asyncio.sleep(0.2)
+                await buffer.put_group(group)
+            in_transit.append(asyncio.ensure_future(deliver()))
+            sent.set()
+            await asyncio.Event().wait()  # the worker call is cancelled at stop, before the put lands
+
+        worker = type("Worker", (), {"run_rows": Remote(run_rows)})()
+        coordinator = Coordinator(rows(2), [worker], InProcess(buffer), AdmissionController(1, 0))
+        task = asyncio.create_task(coordinator.run())
+        await asyncio.wait_for(sent.wait(), 5)
+        coordinator.stop()
+        final = await asyncio.wait_for(task, 5)
+        await asyncio.gather(*in_transit)
+        book = accounting(final, await buffer.stats())
+        assert book["groups/admitted"] == 1 and book["groups/left_over"] == 1, book
+        assert book["groups/balanced"] == 1, book
+    asyncio.run(body())
 
 
 def test_a_run_whose_groups_keep_failing_is_stopped_not_retried_forever():

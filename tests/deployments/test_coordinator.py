@@ -128,8 +128,9 @@ def test_abort_stale_aborts_groups_that_started_too_long_ago(interrupt_app, tiny
         _wait_for(lambda: ray.get(coordinator.stats.remote())["groups/in_flight"] == 2, "two groups in flight")
         # the learner moved on twice (no adapter needed: admission only hears the version)
         assert ray.get(coordinator.on_publish.remote(1)) == 2  # started at 0 < 1 − 0
-        stats = _wait_for(lambda: (s := ray.get(coordinator.stats.remote()))["groups/in_flight"] == 2 and s,
-                          "two replacement groups in flight")
+        # the freed slots refill up to the bound at version 1: (0 + 1 + 1) × 2 groups, none of them aborted
+        stats = _wait_for(lambda: (s := ray.get(coordinator.stats.remote()))["groups/admitted"] == 6 and s,
+                          "four replacement groups admitted")
     finally:
         ray.get(coordinator.stop.remote())
         ray.get(buffer.close.remote())
