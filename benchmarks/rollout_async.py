@@ -23,7 +23,8 @@ read. Episodes stream through ``--concurrency`` slots (an agent worker's ``max_c
 than the engine's batch, so tool waits overlap with other episodes' generation. Engine busy fraction = share
 of wall time with at least one generate in flight; 1 / the verl-sync run's busy fraction is the most any
 scheduling can gain over it on this engine. Last line (sigma 1.0): ``async/verl-sync: X.XXx;
-async/engine-bound: X.XXx PASS|FAIL``, PASS when the first is >= 1.5 and the second >= 0.9.
+async/engine-bound: X.XXx PASS|FAIL``, PASS when the first is >= 1.5 and the second >= 0.9. Before it, a
+profile per run from the engine's counters: rows per decode step, prefill forwards, seconds by phase.
 """
 
 from __future__ import annotations
@@ -160,6 +161,15 @@ class RunResult:
     episodes: int
     busy_s: float
     mean_turn_s: float
+    engine: dict[str, float]  # the engine's counters and phase seconds during this run
+
+    def profile(self) -> str:
+        """Where the engine's time went: rows per decode step, prefill forwards, seconds by phase."""
+        e = self.engine
+        return (f"{self.name}: {e['decode_rows'] / max(e['steps'], 1):.1f} rows per decode step, "
+                f"{e['steps']:.0f} steps, {e['prefill_forwards']:.0f} prefill forwards; "
+                f"decode {e['decode_s']:.1f} s, prefill {e['prefill_s']:.1f} s, merge {e['merge_s']:.1f} s, "
+                f"outside the engine thread {self.wall_s - e['decode_s'] - e['prefill_s'] - e['merge_s']:.1f} s")
 
     @property
     def episodes_per_s(self) -> float:
@@ -196,6 +206,7 @@ async def run_mode(name: str, engine: Any, chat: ChatDelta, episodes: list[Episo
                 if barrier is not None:
                     barrier.leave()
 
+    before = dict(engine.stats)
     started = time.perf_counter()
     if shape in ("verl", "lockstep"):
         for first in range(0, len(episodes), concurrency):
@@ -207,7 +218,9 @@ async def run_mode(name: str, engine: Any, chat: ChatDelta, episodes: list[Episo
         ctx = context(generator)
         await asyncio.gather(*(one(ctx, e, None) for e in episodes))
     wall = time.perf_counter() - started
-    return RunResult(name, wall, len(episodes), recorder.busy_s, sum(recorder.turn_s) / len(recorder.turn_s))
+    after = engine.stats
+    return RunResult(name, wall, len(episodes), recorder.busy_s, sum(recorder.turn_s) / len(recorder.turn_s),
+                     {key: after[key] - before[key] for key in after})
 
 
 def _engine(model_dir: Path, batch: int) -> Any:
@@ -270,6 +283,9 @@ def main(argv: list[str] | None = None) -> None:
               f"(ceiling {1 / verl_run.busy_fraction:.2f}x = 1 / verl-sync engine busy), "
               f"async/lock-step {async_run.episodes_per_s / lockstep.episodes_per_s:.2f}x")
     limit, async_run, verl_run, _ = by_sigma[1.0]
+    print("profile (sigma 1.0):")
+    for run in (limit, async_run, verl_run):
+        print("  " + run.profile())
     vs_verl = async_run.episodes_per_s / verl_run.episodes_per_s
     vs_engine = async_run.episodes_per_s / limit.episodes_per_s
     verdict = "PASS" if vs_verl >= GOAL_VS_VERL and vs_engine >= GOAL_VS_ENGINE else "FAIL"

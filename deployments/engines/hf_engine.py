@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from typing import Literal, Sequence, get_args
 
 import torch
@@ -121,7 +122,9 @@ class HFEngine:
         self._prefixes = PrefixCache(prefix_cache_min_tokens, prefix_cache_entries)
         self._stats = {"steps": 0, "decode_rows": 0, "max_batch_size": 0, "prefill_tokens": 0,
                        "prefill_tokens_shared": 0, "prefill_tokens_cached": 0, "generated_tokens": 0,
-                       "interrupted_rows": 0, "recomputed_tokens": 0}
+                       "interrupted_rows": 0, "recomputed_tokens": 0, "prefill_forwards": 0}
+        # seconds in the worker thread, by phase: decode forwards, prefills (and prefix warming), cache merges
+        self._seconds = {"decode_s": 0.0, "prefill_s": 0.0, "merge_s": 0.0}
 
     @property
     def swaps_while_generating(self) -> bool:
@@ -137,8 +140,8 @@ class HFEngine:
     def stats(self) -> dict[str, int]:
         """Counters: steps, decode_rows (sum of batch sizes), max_batch_size, prefill tokens computed, shared
         (copied from an identical prompt's row) and cached (a stored prefix's keys and values reused), generated
-        tokens, interrupted/recomputed."""
-        return dict(self._stats)
+        tokens, interrupted/recomputed, prefill forwards; and seconds by phase (decode, prefill, merge)."""
+        return {**self._stats, **{k: round(v, 3) for k, v in self._seconds.items()}}
 
     # ------------------------------------------------------------------ public API (event loop)
 
@@ -284,20 +287,29 @@ class HFEngine:
         parts = []
         if batch is not None:
             batch = keep_rows(batch, [i for i, r in enumerate(batch.requests) if r.finish_reason is None])
+        clock = time.perf_counter()
         if batch is not None:
             self._decode(batch)
             parts.append(batch)
+        clock = self._lap("decode_s", clock)
         self._warm_prefix([r.prompt_ids for r in admitted])
         by_length: dict[int, list[RequestState]] = {}
         for request in admitted:
             by_length.setdefault(len(request.prompt_ids), []).append(request)
         parts.extend(self._prefill(group) for group in by_length.values())
+        clock = self._lap("prefill_s", clock)
         if not parts:
             return None, []
         merged = merge_batches(parts)
+        self._lap("merge_s", clock)
         finished = [r for r in merged.requests if r.finish_reason is not None]
         alive = [i for i, r in enumerate(merged.requests) if r.finish_reason is None]
         return keep_rows(merged, alive), finished
+
+    def _lap(self, phase: str, since: float) -> float:
+        now = time.perf_counter()
+        self._seconds[phase] += now - since
+        return now
 
     def _decode(self, batch: RunningBatch) -> None:
         mask = torch.cat([batch.attention_mask, batch.attention_mask.new_ones(len(batch.requests), 1)], dim=1)
@@ -380,6 +392,7 @@ class HFEngine:
     def _prefill(self, group: list[RequestState]) -> RunningBatch:
         """Prompts of equal length, prefilled together; samples each one's first token."""
         cache, mask, logits, computed, reused = self._forward_unpadded([r.prompt_ids for r in group])
+        self._stats["prefill_forwards"] += 1
         self._stats["prefill_tokens"] += computed
         self._stats["prefill_tokens_cached"] += reused
         self._stats["prefill_tokens_shared"] += mask.numel() - computed - reused
