@@ -136,6 +136,9 @@ class AdapterRef:
     version: int
     path: str = ""
     base_model: str = ""
+    # the training step whose update made it (None: not from a step). Equal to ``version`` until a learner
+    # restarts from a checkpoint: versions keep increasing, the step goes back to the checkpoint's
+    step: int | None = None
 
     def __post_init__(self) -> None:
         if self.version < 0:

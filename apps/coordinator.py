@@ -56,6 +56,9 @@ class Coordinator:
         self.cursor = RowCursor(rows, seed=seed, shuffle=shuffle, start=start_position)
         self.workers = workers
         self.busy = [0] * len(workers)
+        self.alive = [True] * len(workers)  # a worker whose actor died is taken out of the pool, once
+        self.redispatched = 0
+        self._retries_by_worker = [0.0] * len(workers)
         self.buffer = buffer
         self.admission = admission
         self.max_in_flight = max_in_flight
@@ -106,48 +109,88 @@ class Coordinator:
         self.admission.dropped(count)
         self._wake.set()
 
-    def _dispatch(self, ticket: Ticket) -> None:
-        index, row = self.cursor.next()
-        worker = min(range(len(self.workers)), key=self.busy.__getitem__)
+    def _dispatch(self, ticket: Ticket, again: tuple[int, DatasetRow] | None = None) -> None:
+        """Start a group for ``ticket`` on the least busy live worker: the next row, or ``again`` (the row of a
+        group whose worker died, sent once more under a new group id)."""
+        live = [w for w in range(len(self.workers)) if self.alive[w]]
+        if not live:  # every worker died (the run is stopping): nothing can run it
+            self.admission.failed(ticket.id)
+            return
+        index, row = again or self.cursor.next()
+        worker = min(live, key=self.busy.__getitem__)
         self.busy[worker] += 1
-        group_id = f"{self.run_id}-g{index}-r{row.extra_info.index}"
+        group_id = f"{self.run_id}-g{index}-r{row.extra_info.index}" + ("-again" if again else "")
         call = self.workers[worker].run_rows.remote([row], step=index, group_ids=[group_id])
         self._in_flight[ticket.id] = (group_id, call)
-        task = asyncio.create_task(self._run_group(worker, row, ticket, call))
+        task = asyncio.create_task(self._run_group(worker, index, row, ticket, call, again=again is not None))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run_group(self, worker: int, row: DatasetRow, ticket: Ticket, call: Any) -> None:
+    async def _run_group(self, worker: int, index: int, row: DatasetRow, ticket: Ticket, call: Any, *,
+                         again: bool = False) -> None:
         try:
             stats = await call
             self.admission.finished(ticket.id)
             self.finished_episodes += int(stats.get("num_trajectories", 0))
+            self._retries_by_worker[worker] = max(self._retries_by_worker[worker],
+                                                  stats.get("generate_retries_total", 0.0))
             self._failures_in_a_row = 0
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a fault boundary: one bad group must not stop training
             if isinstance(exc, ray.exceptions.TaskCancelledError) and ticket.id in self._aborted:
                 return  # counted as aborted when the publish made it too stale
+            if isinstance(exc, ray.exceptions.RayActorError) and await self._worker_died(worker, index, row,
+                                                                                         ticket, again):
+                return  # sent to another worker under the same ticket
             log.warning("group for row %s failed on worker %d: %s", row.extra_info.index, worker, exc)
             self.admission.failed(ticket.id)
             self._failures_in_a_row += 1
             if self._failures_in_a_row >= self.max_consecutive_failures and self.error is None:
-                self.error = (f"{self._failures_in_a_row} groups failed in a row (the last, row "
-                              f"{row.extra_info.index}: {type(exc).__name__}: {exc}); stopping instead of retrying")
-                log.error("%s", self.error)
-                await self.buffer.close.remote()  # the learner's next_batch returns None: the run ends
-                self.stop()  # after the close: stopping cancels this task
+                await self._fail(f"{self._failures_in_a_row} groups failed in a row (the last, row "
+                                 f"{row.extra_info.index}: {type(exc).__name__}: {exc}); stopping instead of retrying")
         finally:
             self.busy[worker] -= 1
-            self._in_flight.pop(ticket.id, None)
+            if self._in_flight.get(ticket.id, (None, None))[1] is call:  # not re-dispatched under this ticket
+                self._in_flight.pop(ticket.id, None)
             self._wake.set()
+
+    async def _worker_died(self, worker: int, index: int, row: DatasetRow, ticket: Ticket, again: bool) -> bool:
+        """An agent worker's actor died under this group: take it out of the pool (said once) and send the group
+        once more to a live worker. False when the group counts as failed instead (sent once already, or no
+        worker is left)."""
+        if self.alive[worker]:
+            self.alive[worker] = False
+            left = sum(self.alive)
+            log.error("agent worker %d died; taken out of the pool (%d left), its groups go to the others once",
+                      worker, left)
+            if not left:
+                await self._fail("every agent worker died")
+                return False
+        group_id = self._in_flight.get(ticket.id, (None, None))[0]
+        if group_id is not None and await self.buffer.arrived.remote([group_id]):
+            self.admission.finished(ticket.id)  # it reached the queue before the worker died
+            return True
+        if again or not any(self.alive) or self._stop.is_set():
+            return False
+        self.redispatched += 1
+        self._dispatch(ticket, again=(index, row))
+        return True
+
+    async def _fail(self, error: str) -> None:
+        if self.error is not None:
+            return
+        self.error = error
+        log.error("%s", error)
+        await self.buffer.close.remote()  # the learner's next_batch returns None: the run ends
+        self.stop()  # after the close: stopping cancels the calling task
 
     async def _reconcile(self) -> None:
         """At stop: a cancelled call may have put its group already; such a ticket finished (it is queued). The
         buffer is sealed first, so a put still in transit cannot land after this count."""
-        await self.buffer.seal.remote()
         pending = {group_id: ticket_id for ticket_id, (group_id, _) in self._in_flight.items()
-                   if ticket_id not in self._aborted}
+                   if ticket_id not in self._aborted}  # before any await: cancelled tasks unregister their calls
+        await self.buffer.seal.remote()
         if pending:
             for group_id in await self.buffer.arrived.remote(list(pending)):
                 self.admission.finished(pending[group_id])
@@ -164,6 +207,9 @@ class Coordinator:
         elapsed = time.perf_counter() - self._t0
         return {
             **self.admission.stats(),
+            "groups/redispatched": float(self.redispatched),
+            "agent_workers/alive": float(sum(self.alive)),
+            "rollout/generate_retries": float(sum(self._retries_by_worker)),
             "rollout/episodes_per_s": self.finished_episodes / elapsed if elapsed > 0 else 0.0,
             "data/cursor": float(self.cursor.position),
         }

@@ -125,8 +125,13 @@ def grpo(cfg: TandemConfig, sft_key: str) -> int:
         summary_table(history, {"run dir": run_dir.resolve(), "reward curve": (run_dir / "reward_curve.png").resolve()},
                       accounting)
         return 0
-    if run_dir.exists():  # a run of another config or cold start: never resume across those
+    started = run_dir / ".tandem-stage-started"
+    if run_dir.exists() and started.is_file() and started.read_text().strip() == key:
+        print(f"[4/4] resuming the interrupted run in {run_dir} from its last checkpoint")
+    elif run_dir.exists():  # a run of another config or cold start: never resume across those
         shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    started.write_text(key + "\n")
     print("[4/4] held-out validation, streaming GRPO + LoRA with the calculator tool, validation every "
           f"{cfg.trainer.test_freq} steps")
     code = run(cfg)
@@ -152,8 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     data_key = write_data(cfg, cfg.trainer.seed)
     sft_key = cold_start(cfg, data_key) if cfg.sft.enabled else "no-sft"
     code = grpo(cfg, sft_key)
-    print(f"demo finished in {time.perf_counter() - started:.1f}s")
-    return code
+    print(f"demo {'finished' if code == 0 else f'stopped (exit {code})'} in {time.perf_counter() - started:.1f}s")
+    from apps.train import exit_code
+
+    return exit_code(code)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,53 @@ def connect_ray(cfg: TandemConfig) -> None:
              logging_config=ray.LoggingConfig(log_level="WARNING"), runtime_env={"env_vars": env})
 
 
+INGRESS_CPUS = 0.1  # the OpenAI ingress deployment's one replica (deployments/openai_ingress.py)
+
+
+def resource_plan(cfg: TandemConfig, *, deploy_rollout: bool, learner: bool = True) -> dict[str, dict[str, float]]:
+    """What the run will ask the cluster for, by part: rollout replicas at their autoscaling maximum
+    (``serve.max_replicas``) and the ingress (when this run deploys the app), and the Ray Train workers. Agent
+    workers, the buffer, the coordinator and the registry reserve nothing."""
+    serve_cfg, trainer = cfg.serve, cfg.trainer
+    plan: dict[str, dict[str, float]] = {}
+    if deploy_rollout:
+        plan[f"rollout replicas (serve.max_replicas={serve_cfg.max_replicas} × serve.num_cpus_per_replica="
+             f"{serve_cfg.num_cpus_per_replica:g}, num_gpus_per_replica={serve_cfg.num_gpus_per_replica:g})"] = {
+            "CPU": serve_cfg.max_replicas * serve_cfg.num_cpus_per_replica,
+            "GPU": serve_cfg.max_replicas * serve_cfg.num_gpus_per_replica}
+        plan["OpenAI ingress (1 replica)"] = {"CPU": INGRESS_CPUS, "GPU": 0.0}
+    if not learner:  # trainer.val_only
+        return plan
+    from trainers.trainer import use_gpu
+
+    workers = trainer.n_gpus_per_node * trainer.nnodes
+    gpu = use_gpu(trainer.device)
+    plan[f"Ray Train workers (trainer.n_gpus_per_node={trainer.n_gpus_per_node} × trainer.nnodes={trainer.nnodes})"] = {
+        "CPU": float(workers), "GPU": float(workers) if gpu else 0.0}
+    return plan
+
+
+def check_resources(cfg: TandemConfig, *, deploy_rollout: bool, learner: bool = True) -> None:
+    """Fail in seconds, before anything is deployed, when the run cannot be placed: otherwise the learner's
+    worker group waits for resources for minutes. Against the cluster's total when this run deploys the rollout
+    app, against what is free when it attaches to one already running."""
+    plan = resource_plan(cfg, deploy_rollout=deploy_rollout, learner=learner)
+    have = ray.cluster_resources() if deploy_rollout else ray.available_resources()
+    short = []
+    for kind in ("CPU", "GPU"):
+        asked = sum(part[kind] for part in plan.values())
+        if asked > have.get(kind, 0.0) + 1e-9:
+            short.append(f"{asked:g} {kind}s asked, the cluster has {have.get(kind, 0.0):g}"
+                         + ("" if deploy_rollout else " free"))
+    if short:
+        lines = "\n".join(f"  {name}: " + ", ".join(f"{v:g} {k}" for k, v in need.items() if v)
+                          for name, need in plan.items())
+        raise RuntimeError(
+            f"the run does not fit the cluster: {'; '.join(short)}. Demand by part:\n{lines}\n"
+            "Lower serve.max_replicas or serve.num_cpus_per_replica (rollout), or trainer.n_gpus_per_node "
+            "(learner workers), or add nodes.")
+
+
 # Why a relative path can be missing under ``ray job submit``: said in the error, where it is needed.
 JOB_ROOT_HINT = ("`ray job submit --working-dir .` runs the job in an uploaded copy of the repo without its "
                  "git-ignored folders (.cache/, runs/): pass --root with the directory that has them")
@@ -223,9 +270,13 @@ class AdapterPublisher:
         finally:
             self._start_validated.set()
 
-    def validates_at(self, version: int) -> bool:
+    def validates_at(self, step: int) -> bool:
         return self.validator is not None and self.test_freq > 0 and (
-            version % self.test_freq == 0 or version == self.total_steps)
+            step % self.test_freq == 0 or step == self.total_steps)
+
+    def latest(self) -> AdapterRef:
+        """The newest adapter the replicas were told to load (a restarted learner publishes past it)."""
+        return ray.get(self._registry.latest.remote())
 
     def publish(self, ref: AdapterRef) -> dict[str, int]:
         self._start_validated.wait()
@@ -238,8 +289,9 @@ class AdapterPublisher:
         switch = {"version": ref.version, "replicas": loaded, "sync_s": elapsed, "joined": False}
         ray.get(self.sink.switch.remote(switch))
         ray.get(self.coordinator.on_publish.remote(ref.version))
-        if self.validates_at(ref.version):
-            ray.get(self.sink.validation.remote(self.validator.run(ref.version)))
+        step = ref.version if ref.step is None else ref.step
+        if step > 0 and self.validates_at(step):  # scheduled by training step (a restarted learner repeats some)
+            ray.get(self.sink.validation.remote(self.validator.run(step)))
         return loaded
 
     def report_joined(self) -> None:

@@ -1,7 +1,7 @@
 """What a training run shows while it runs (apps layer): one progress bar of GRPO steps, one line per
 validation, each step's metrics to the tracker, verl's generation dumps.
 
-``follow_steps`` takes finished steps, validations and replica switches from the metrics sink, joins each
+``StepLog`` takes finished steps, validations and replica switches from the metrics sink, joins each
 step's learner metrics with the buffer's rollout metrics of that step, the admission counts and the validation
 taken at it (``merge_sources``: a key two sources report must agree), and hands the row to the ``RunTracker``.
 ``Reporter`` owns the console lines and dump files of validations and training batches.
@@ -35,7 +35,7 @@ class Reporter:
         self.validations: list[ValidationResult] = []
 
     def validation(self, result: ValidationResult, write: Any = print) -> None:
-        """Console line, samples, dump; the metrics themselves go with the step's row (``follow_steps``)."""
+        """Console line, samples, dump; the metrics themselves go with the step's row (``StepLog``)."""
         self.validations.append(result)
         write(result.summary())
         shown = pick_generations(result.samples, self.trainer.log_val_generations)
@@ -57,45 +57,69 @@ def _tail(text: str, limit: int) -> str:
     return text if len(text) <= limit else "…" + text[-limit:]
 
 
-def follow_steps(fit, sink, publisher, buffer, coordinator, tracker: RunTracker, reporter: Reporter,
-                 total_steps: int) -> None:
-    """Log each finished step (learner + rollout + admission metrics, and its validation) while the learner runs."""
-    pending_val: dict[int, ValidationResult] = {}
-    want_batches = bool(reporter.trainer.rollout_data_dir)
-    with tqdm(total=total_steps, desc="GRPO steps", unit="step", dynamic_ncols=True) as bar:
-        while fit.is_alive() or bar.n < total_steps:
-            ray.get(publisher.report_joined.remote())
-            reports = ray.get(sink.take.remote())
-            for switch in reports.switches:
-                for replica, version in sorted(switch["replicas"].items()):
-                    # "joined": a replica autoscaling started (or one up before the run) loaded the newest adapter.
-                    how = "joined" if switch["joined"] else f"{switch['sync_s']:.2f}s after publish"
-                    log.info("weight sync: replica %s now samples policy version %d (%s)", replica, version, how)
-            for result in reports.validations:
-                reporter.validation(result, write=tqdm.write)
-                if result.step == 0:  # before training: no learner row to join
-                    tracker.log_step(0, result.metrics)
-                else:
-                    pending_val[result.step] = result
-            for learner in reports.learner:
-                step = int(learner["step"])
-                if want_batches:
-                    reporter.training_batch(step, ray.get(buffer.pop_step_batch.remote(step)))
-                val = pending_val.pop(step).metrics if step in pending_val else {}
-                metrics = merge_sources(
-                    rollout=ray.get(buffer.pop_step_metrics.remote(step)), buffer=ray.get(buffer.stats.remote()),
-                    admission=ray.get(coordinator.stats.remote()), validation=val, learner=learner,
-                    driver={"timing/step_s": learner.get("step_time_s", 0.0) + learner.get("batch_wait_s", 0.0)})
-                tracker.log_step(step, metrics)
-                bar.update(1)
-                bar.set_postfix(reward=f"{metrics.get('reward/mean', 0):.2f}",
-                                acc=f"{metrics.get('reward/acc', float('nan')):.2f}",
-                                calls=f"{metrics.get('tool_calls/mean', 0):.2f}",
-                                bad_calls=int(metrics.get("tool_parse_errors/sum", 0)))
-            if not (reports.learner or reports.validations):
-                if not fit.is_alive():
-                    break
-                time.sleep(0.5)
+class StepLog:
+    """Takes what reached the metrics sink and logs it: switches, validations, and each finished step's row
+    (learner + rollout + admission metrics, and its validation). A learner that Ray Train restarted from a
+    checkpoint repeats the steps after it: said once, logged again."""
+
+    def __init__(self, sink, publisher, buffer, coordinator, tracker: RunTracker, reporter: Reporter,
+                 first_step: int = 1):
+        self.sink, self.publisher, self.buffer, self.coordinator = sink, publisher, buffer, coordinator
+        self.tracker, self.reporter = tracker, reporter
+        self.pending_val: dict[int, ValidationResult] = {}
+        self.last_step = first_step - 1
+        self.want_batches = bool(reporter.trainer.rollout_data_dir)
+
+    def take(self, bar: Any = None) -> bool:
+        """Log everything the sink holds now; True when there was a step or a validation."""
+        ray.get(self.publisher.report_joined.remote())
+        reports = ray.get(self.sink.take.remote())
+        write = tqdm.write if bar is not None else print
+        for switch in reports.switches:
+            for replica, version in sorted(switch["replicas"].items()):
+                # "joined": a replica autoscaling started (or one up before the run) loaded the newest adapter.
+                how = "joined" if switch["joined"] else f"{switch['sync_s']:.2f}s after publish"
+                log.info("weight sync: replica %s now samples policy version %d (%s)", replica, version, how)
+        for result in reports.validations:
+            self.reporter.validation(result, write=write)
+            if result.step == 0:  # before training: no learner row to join
+                self.tracker.log_step(0, result.metrics)
+            else:
+                self.pending_val[result.step] = result
+        for learner in reports.learner:
+            self._step(learner, write, bar)
+        return bool(reports.learner or reports.validations)
+
+    def _step(self, learner: dict[str, float], write: Any, bar: Any) -> None:
+        step = int(learner["step"])
+        if step <= self.last_step:
+            write(f"learner restarted: step {step} again, now at policy version "
+                  f"{int(learner.get('policy_version', -1))} (was at step {self.last_step})")
+        self.last_step = step
+        if self.want_batches:
+            self.reporter.training_batch(step, ray.get(self.buffer.pop_step_batch.remote(step)))
+        val = self.pending_val.pop(step).metrics if step in self.pending_val else {}
+        metrics = merge_sources(
+            rollout=ray.get(self.buffer.pop_step_metrics.remote(step)), buffer=ray.get(self.buffer.stats.remote()),
+            admission=ray.get(self.coordinator.stats.remote()), validation=val, learner=learner,
+            driver={"timing/step_s": learner.get("step_time_s", 0.0) + learner.get("batch_wait_s", 0.0)})
+        self.tracker.log_step(step, metrics)
+        if bar is not None:
+            bar.update(max(0, step - bar.n))
+            bar.set_postfix(reward=f"{metrics.get('reward/mean', 0):.2f}",
+                            acc=f"{metrics.get('reward/acc', float('nan')):.2f}",
+                            calls=f"{metrics.get('tool_calls/mean', 0):.2f}",
+                            bad_calls=int(metrics.get("tool_parse_errors/sum", 0)))
+
+    def follow(self, fit, total_steps: int) -> None:
+        """Log while the learner runs, with a progress bar of GRPO steps."""
+        with tqdm(total=total_steps, initial=self.last_step, desc="GRPO steps", unit="step",
+                  dynamic_ncols=True) as bar:
+            while fit.is_alive() or bar.n < total_steps:
+                if not self.take(bar):
+                    if not fit.is_alive():
+                        break
+                    time.sleep(0.5)
 
 
 def final_paths(run_dir: Path, tracker: RunTracker, plot: Path | None, adapter: Path | None, mlflow_uri: str) -> dict:

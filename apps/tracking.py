@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import time
 from pathlib import Path
@@ -141,7 +140,8 @@ class RunTracker:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """Numbers are kept, NaN and infinities too: a diverging run must leave its trace in metrics and mlflow."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _mlflow_key(key: str) -> str:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import signal
 import sys
 import threading
 import time
@@ -22,9 +24,9 @@ from agents.tools.registry import load_tools
 from agents.records import AdapterRef
 from apps.coordinator import CoordinatorActor
 from apps.coordinator import accounting as group_accounting
-from apps.driver import (AdapterPublisherActor, MetricsSinkActor, connect_ray, final_adapter, load_training_rows,
-                         summary_table, with_absolute_paths)
-from apps.progress import Reporter, final_paths, follow_steps
+from apps.driver import (AdapterPublisherActor, MetricsSinkActor, check_resources, connect_ray, final_adapter,
+                         load_training_rows, summary_table, with_absolute_paths)
+from apps.progress import Reporter, StepLog, final_paths
 from apps.rollout import attach_rollout_app, delete_rollout_app, deploy_rollout_app, deployed_apps
 from apps.tracking import RunTracker
 from apps.validation import Validator
@@ -32,7 +34,7 @@ from configs import TandemConfig, load_config
 from deployments.agent_workers import AgentWorker, AgentWorkerSpec
 from trainers.admission import AdmissionController
 from trainers.buffer import TrajectoryBuffer
-from trainers.trainer import build_trainer
+from trainers.trainer import build_trainer, resume_point
 
 log = logging.getLogger("tandem_rl.train")
 
@@ -47,10 +49,33 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # force: an import has already given the root logger a WARNING-level handler, which would hide ours.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True)
-    return run(load_config(args.config, args.overrides), root=args.root)
+    return exit_code(run(load_config(args.config, args.overrides), root=args.root))
+
+
+def exit_code(code: int) -> int:
+    """The process's exit code. An interrupted run (130, 143) leaves Ray Train's fit thread running: shut the
+    local cluster down and exit now, before that thread touches a Ray that is gone (it would exit 1)."""
+    if code in (130, 143):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        ray.shutdown()
+        os._exit(code)
+    return code
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``ray job stop``, a pod's shutdown): handled as Ctrl-C, exit code 143."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
 
 
 def run(cfg: TandemConfig, root: Path | None = None) -> int:
+    """Train; 0 when every step ran. Ctrl-C returns 130 and SIGTERM 143, after stopping the workers: the last
+    checkpoint stays on disk and the next launch with the same run dir resumes from it."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_terminated)
     cfg = with_absolute_paths(cfg, root)
     run_dir = Path(cfg.trainer.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -60,6 +85,8 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
 
         check_adapter(model.lora_adapter_path, model.path)
     connect_ray(cfg)
+    attached = cfg.serve.app_name in deployed_apps()
+    check_resources(cfg, deploy_rollout=not attached, learner=not cfg.trainer.val_only)
     tracker = RunTracker(cfg, run_dir)
 
     # 1. Rows (training and validation), checked against max_prompt_length with the tool schemas agents render.
@@ -76,7 +103,6 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
 
     # 2. Rollout engines: attach to an app deployed with `serve deploy`, or deploy it; version 0 = the start policy.
     base = AdapterRef(version=0, path=model.lora_adapter_path or "")
-    attached = cfg.serve.app_name in deployed_apps()
     rollout = attach_rollout_app(cfg.serve.app_name, base=base) if attached else deploy_rollout_app(cfg, base=base)
     log.info("%s rollout app %r", "attached to" if attached else "deployed", cfg.serve.app_name)
 
@@ -104,13 +130,25 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
         log.warning("stream.max_staleness=%d: tokens sampled by older policy versions are trained without an "
                     "importance correction; set actor_rollout_ref.actor.tis_imp_ratio_cap (e.g. 2.0) to reweight "
                     "them by their behaviour log-probs", stream.max_staleness)
+    # A run resumed from a checkpoint continues its data cursor (the rows of the steps already trained are not
+    # started again) and its admission bound from the restored version, which the learner publishes first.
+    resume = resume_point(cfg)
+    if resume:
+        print(f"resuming from the step-{resume['step']} checkpoint (policy version {resume['policy_version']}) in "
+              f"{run_dir / 'ray_train'}")
     admission = AdmissionController(batch, stream.max_staleness, streaming=stream.enabled,
-                                    abort_stale=stream.abort_stale)
+                                    abort_stale=stream.abort_stale,
+                                    resume_version=resume["policy_version"] if resume else 0)
     coordinator = CoordinatorActor.remote(rows, workers, buffer, admission, seed=cfg.trainer.seed,
-                                          shuffle=cfg.data.shuffle, run_id=run_id)
+                                          shuffle=cfg.data.shuffle, run_id=run_id,
+                                          max_consecutive_failures=stream.max_failed_groups,
+                                          start_position=resume["step"] * batch if resume else 0)
     ray.get(buffer.set_drop_listener.remote(coordinator))
     sink = MetricsSinkActor.remote()
     validate_first = validator is not None and cfg.trainer.val_before_train
+    if validate_first and resume:  # the replicas sample version 0 until the learner republishes what it restored
+        log.info("trainer.val_before_train: skipped on resume (validated when the run started)")
+        validate_first = False
     publisher = AdapterPublisherActor.remote(cfg.serve.app_name, coordinator, sink, validator=validator,
                                              test_freq=cfg.trainer.test_freq, total_steps=total_steps,
                                              validate_before_train=validate_first)
@@ -123,16 +161,22 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
     # 4. The learner: Ray Train GRPO in a thread; each step's metrics arrive through the sink.
     trainer = build_trainer(cfg, source=buffer, publisher=publisher, total_steps=total_steps, metrics_sink=sink)
     outcome: dict = {}
+    interrupted = 0
+    steps = StepLog(sink, publisher, buffer, coordinator, tracker, reporter, first_step=resume["step"] + 1 if resume else 1)
     fit = threading.Thread(target=lambda: outcome.update(result=trainer.fit()), daemon=True)
     try:
         fit.start()
-        follow_steps(fit, sink, publisher, buffer, coordinator, tracker, reporter, total_steps)
+        steps.follow(fit, total_steps)
         fit.join()
         result = outcome.get("result")
         if result is None or result.error is not None:
             raise RuntimeError(f"training failed: {getattr(result, 'error', 'no result')}")
-    except KeyboardInterrupt:
-        log.warning("interrupted: stopping agent workers and the learner")
+    except KeyboardInterrupt as exc:
+        interrupted = 143 if isinstance(exc, Terminated) else 130
+        log.warning("%s: stopping agent workers and the learner; the last checkpoint stays in %s, and the next "
+                    "launch with this run dir resumes from it", "SIGTERM" if interrupted == 143 else "interrupted",
+                    run_dir / "ray_train")
+        steps.take()  # the steps that finished before the interrupt reached the sink: into metrics and mlflow
     finally:
         ray.get(coordinator.stop.remote())
         ray.get(buffer.close.remote())
@@ -145,7 +189,7 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
     code = _finish(cfg, tracker, reporter, attached, accounting, started)
     if failure:
         raise RuntimeError(f"rollouts failed: {failure}")
-    return code
+    return interrupted or code
 
 
 def _finish(cfg: TandemConfig, tracker: RunTracker, reporter: Reporter, attached: bool, accounting: dict,

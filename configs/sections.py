@@ -141,7 +141,11 @@ class TrainerConfig(Section):
     max_actor_ckpt_to_keep: int | None = Field(default=2, ge=1)
     """Checkpoints kept on disk."""
     max_failures: int = Field(default=0, ge=-1)
-    """Ray Train ``FailureConfig.max_failures`` (-1 = retry forever)."""
+    """Ray Train ``FailureConfig.max_failures`` (-1 = retry forever). A restarted learner restores the newest
+    checkpoint (``save_freq``) and publishes it as the next policy version (versions never go back)."""
+    max_nonfinite_steps: int = Field(default=3, ge=1)
+    """A step whose gradient norm is not finite skips the optimizer update (counted in ``train/skipped_steps``,
+    warned); this many in a row stop the run with an error."""
     seed: int = 1
     """Global seed (data order, sampling seeds, LoRA init)."""
 
@@ -193,6 +197,9 @@ class StreamConfig(Section):
     buffer_groups: int | None = Field(default=None, ge=1)
     """Capacity of the trajectory queue in groups (default ``(max_staleness + 1) × train_batch_size``); a
     finished group waits for room (back-pressure) instead of being dropped."""
+    max_failed_groups: int | None = Field(default=None, ge=1)
+    """Groups failing in a row (no group finished in between) before the run stops with the last failing row
+    and its exception, instead of retrying forever (default ``max(8, 4 × train_batch_size)``)."""
     partial_rollout: bool = True
     """Weight syncs interrupt running generations instead of waiting for them (streaming, ``hf`` engine):
     the rows continue with the new adapter after their KV cache is recomputed, so one long episode never

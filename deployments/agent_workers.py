@@ -39,13 +39,28 @@ MAX_ACTOR_CONCURRENCY = 10_000  # run_rows calls and their episodes all live on 
 
 
 class HandleGenerator:
-    """``Generator`` over the ``RolloutServer`` DeploymentHandle (the request carries the trajectory id)."""
+    """``Generator`` over the ``RolloutServer`` DeploymentHandle (the request carries the trajectory id).
 
-    def __init__(self, handle: DeploymentHandle):
+    A generate whose replica died is sent again (``max_retries`` times): the request is token-in with its own
+    seed, so another replica regenerates the turn and the episode goes on; the router forgets the dead replica
+    and re-sticks the trajectory. ``retries`` counts them.
+    """
+
+    def __init__(self, handle: DeploymentHandle, max_retries: int = 3):
         self.handle = handle
+        self.max_retries = max_retries
+        self.retries = 0
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        return await self.handle.generate.remote(request)
+        for attempt in range(self.max_retries + 1):
+            try:
+                return await self.handle.generate.remote(request)
+            except ray.exceptions.RayActorError as exc:  # the replica died (or was unreachable) mid-request
+                if attempt == self.max_retries:
+                    raise RuntimeError(f"generate {request.request_id or request.trajectory_id!r}: its replica died {attempt + 1} times "
+                                       f"in a row ({type(exc).__name__})") from exc
+                self.retries += 1
+        raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True)
@@ -61,6 +76,7 @@ class AgentWorkerSpec:
     default_agent_loop: str = "single_turn_agent"
     max_concurrent_episodes: int = 64
     openai_base_url: str = ""
+    max_generate_retries: int = 3  # a generate whose replica died goes to another replica this many times
 
     @classmethod
     def from_config(cls, cfg: Any, *, tokenizer_path: str | None = None, openai_base_url: str = "") -> AgentWorkerSpec:
@@ -132,7 +148,7 @@ class AgentWorkerImpl:
             stop_token_ids=(eos,) if eos is not None else (),
         )
         self.ctx = AgentContext(
-            generator=HandleGenerator(rollout),
+            generator=HandleGenerator(rollout, max_retries=spec.max_generate_retries),
             chat=ChatDelta(tokenizer),
             parse=partial(parse_tool_calls, fmt=spec.parser_format),
             limits=spec.limits,
@@ -174,7 +190,9 @@ class AgentWorkerImpl:
         ids = list(group_ids) if group_ids is not None else [None] * len(parsed)
         started = time.perf_counter()
         groups = await asyncio.gather(*(self._group(row, step, i, ids[i]) for i, row in enumerate(parsed)))
-        return group_stats(groups, time.perf_counter() - started)
+        stats = group_stats(groups, time.perf_counter() - started)
+        stats["generate_retries_total"] = float(self.ctx.generator.retries)  # this worker's, since it started
+        return stats
 
     async def validate_rows(self, rows: Sequence[DatasetRow | dict[str, Any]], group_ids: Sequence[str], *, n: int,
                             sampling: SamplingParams, step: int) -> list[ScoredSample]:

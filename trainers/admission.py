@@ -33,14 +33,19 @@ class Ticket:
 
 
 class AdmissionController:
-    def __init__(self, batch_groups: int, max_staleness: int, *, streaming: bool = True, abort_stale: bool = False):
+    def __init__(self, batch_groups: int, max_staleness: int, *, streaming: bool = True, abort_stale: bool = False,
+                 resume_version: int = 0):
         if batch_groups < 1 or max_staleness < 0:
             raise ValueError(f"batch_groups={batch_groups} must be >= 1 and max_staleness={max_staleness} >= 0")
         self.batch_groups = batch_groups
         self.max_staleness = max_staleness if streaming else 0
         self.streaming = streaming
         self.abort_stale = abort_stale and streaming
-        self.version = 0
+        # A resumed run starts at the restored checkpoint's version: nothing is admitted until the learner has
+        # published it (the replicas would sample the base model), and the bound counts from there.
+        self.base_version = resume_version
+        self.version = resume_version
+        self.ready = resume_version == 0
         self._in_flight: dict[int, Ticket] = {}
         self.admitted = 0
         self.finished_count = 0
@@ -51,8 +56,10 @@ class AdmissionController:
     @property
     def limit(self) -> int:
         """Groups that may have been started, net of returned slots, at the current version."""
+        if not self.ready:
+            return 0
         ahead = self.max_staleness + 1 if self.streaming else 1
-        return (self.version + ahead) * self.batch_groups
+        return (self.version - self.base_version + ahead) * self.batch_groups
 
     @property
     def in_flight(self) -> int:
@@ -77,6 +84,7 @@ class AdmissionController:
         """The learner published ``version``. Returns the in-flight tickets to abort (``abort_stale`` only:
         started below ``version - max_staleness``); their slots are back already."""
         self.version = max(self.version, version)
+        self.ready = self.ready or version >= self.base_version
         if not self.abort_stale:
             return []
         oldest = self.version - self.max_staleness

@@ -187,11 +187,12 @@ class TrajectoryBuffer:
         return [g for g in group_ids if g in self._arrived_ids]
 
     # ---- learner side --------------------------------------------------------------------
-    async def next_batch(self, step: int) -> list[Trajectory] | None:
-        """The first ``batch_groups`` groups for training step ``step`` (1-based; None once closed)."""
+    async def next_batch(self, step: int, policy_version: int | None = None) -> list[Trajectory] | None:
+        """The first ``batch_groups`` groups for training step ``step`` (1-based; None once closed), trained by the
+        learner's ``policy_version`` (default ``step - 1``; higher after a learner restarted from a checkpoint)."""
         if step < 1:
             raise ValueError(f"next_batch: steps count from 1, got {step}")
-        learner_version = step - 1
+        learner_version = step - 1 if policy_version is None else policy_version
         start = time.perf_counter()
         async with self._changed:
             while True:

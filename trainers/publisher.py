@@ -31,6 +31,16 @@ class AdapterLog:
         return self._refs[-1] if self._refs else AdapterRef(version=0)
 
 
+def latest_published(publisher: Any) -> int:
+    """The newest version the publisher has published (0 when it cannot say: a plain callable)."""
+    remote = getattr(publisher, "latest", None)
+    if remote is None or not hasattr(remote, "remote"):
+        return 0
+    import ray
+
+    return ray.get(remote.remote()).version
+
+
 def adapter_log_actor() -> Any:
     import ray
 

@@ -2,8 +2,9 @@
 
 The worker loop only needs an object (in practice a Ray actor handle) with these methods:
 
-* ``next_batch(step) -> list[Trajectory] | None``: the trajectories of training step ``step`` (whole
-  groups), or None when there is no more data. Only rank 0 calls it, once per step, and broadcasts.
+* ``next_batch(step, policy_version) -> list[Trajectory] | None``: the trajectories of training step ``step``
+  (whole groups), or None when there is no more data; ``policy_version`` is the learner's current version (staleness
+  is measured against it). Only rank 0 calls it, once per step, and broadcasts.
 * ``state() -> dict`` / ``load_state(state)``: optional; a data cursor saved in checkpoints and restored
   on resume. A streaming buffer whose contents do not survive a restart may omit them.
 
@@ -18,7 +19,7 @@ from agents.records import Trajectory
 
 
 class TrajectorySource(Protocol):
-    def next_batch(self, step: int) -> list[Trajectory] | None: ...
+    def next_batch(self, step: int, policy_version: int | None = None) -> list[Trajectory] | None: ...
 
 
 class ListTrajectorySource:
@@ -34,7 +35,7 @@ class ListTrajectorySource:
         self._per_batch = groups_per_batch
         self._cursor = 0  # index of the next group to serve
 
-    def next_batch(self, step: int) -> list[Trajectory] | None:
+    def next_batch(self, step: int, policy_version: int | None = None) -> list[Trajectory] | None:
         if self._cursor >= len(self._groups):
             return None
         chosen = self._groups[self._cursor : self._cursor + self._per_batch]

@@ -20,7 +20,7 @@ from configs import TandemConfig
 from trainers.worker import LEARNER_METRICS, WorkerSpec, train_loop_per_worker
 
 
-def _use_gpu(device: str) -> bool:
+def use_gpu(device: str) -> bool:
     return device == "cuda" or (device == "auto" and torch.cuda.is_available())
 
 
@@ -43,15 +43,15 @@ def build_trainer(
     """A ``TorchTrainer`` running ``train_loop_per_worker`` over ``source``, publishing to ``publisher`` and
     reporting each step's metrics to ``metrics_sink`` (an actor handle with ``learner(metrics)``) when given."""
     trainer_cfg = cfg.trainer
-    use_gpu = _use_gpu(trainer_cfg.device)
+    gpu = use_gpu(trainer_cfg.device)
     spec = worker_spec(cfg, source, publisher, total_steps, metrics_sink)
-    resources = None if use_gpu else {"CPU": num_cpus_per_worker}
+    resources = None if gpu else {"CPU": num_cpus_per_worker}
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"spec": spec},
-        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+        torch_config=TorchConfig(backend="nccl" if gpu else "gloo"),
         scaling_config=ScalingConfig(
-            num_workers=trainer_cfg.n_gpus_per_node * trainer_cfg.nnodes, use_gpu=use_gpu,
+            num_workers=trainer_cfg.n_gpus_per_node * trainer_cfg.nnodes, use_gpu=gpu,
             resources_per_worker=resources,
         ),
         run_config=RunConfig(
@@ -63,6 +63,33 @@ def build_trainer(
             logging_config=LoggingConfig(log_level="WARNING"),
         ),
     )
+
+
+def resume_point(cfg: TandemConfig) -> dict[str, int] | None:
+    """``{"step", "policy_version"}`` of the checkpoint the learner will restore (``trainer.resume_mode``), or None.
+
+    ``auto``: the newest checkpoint Ray Train recorded for this run name under ``<run_dir>/ray_train``;
+    ``resume_path``: that folder. The driver reads it before anything starts, so the data cursor and the admission
+    bound continue from it.
+    """
+    trainer = cfg.trainer
+    if trainer.resume_mode == "disable":
+        return None
+    if trainer.resume_mode == "resume_path":
+        folder = Path(trainer.resume_from_path or "")
+    else:
+        snapshot = Path(trainer.run_dir).resolve() / "ray_train" / trainer.experiment_name / "checkpoint_manager_snapshot.json"
+        if not snapshot.is_file():
+            return None
+        results = json.loads(snapshot.read_text()).get("checkpoint_results") or []
+        if not results:
+            return None
+        folder = snapshot.parent / results[-1]["checkpoint_dir_name"]  # in report order: the last is the newest
+    state_file = folder / "state.pt"
+    if not state_file.is_file():
+        raise FileNotFoundError(f"trainer.resume_mode={trainer.resume_mode}: no state.pt in {folder}")
+    progress = torch.load(state_file, map_location="cpu", weights_only=False)["progress"]
+    return {"step": int(progress["step"]), "policy_version": int(progress["policy_version"])}
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, float]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import tempfile
 import time
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from trainers.model import (
     save_adapter,
     training_state,
 )
-from trainers.publisher import publish
+from trainers.publisher import latest_published, publish
 from trainers.step import StepSettings, train_step
 
 log = logging.getLogger(__name__)
@@ -79,8 +80,8 @@ def make_scheduler(optimizer: torch.optim.Optimizer, optim: OptimConfig, total_s
                                            min_lr_ratio=optim.min_lr_ratio)
 
 
-def _pull_batch(source: Any, step: int, rank: int) -> list[Trajectory] | None:
-    box: list[Any] = [ray.get(source.next_batch.remote(step)) if rank == 0 else None]
+def _pull_batch(source: Any, step: int, version: int, rank: int) -> list[Trajectory] | None:
+    box: list[Any] = [ray.get(source.next_batch.remote(step, version)) if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
     if box[0] is not None and not box[0]:
         raise ValueError(f"the trajectory source returned an empty batch for step {step} (None ends training)")
@@ -132,14 +133,40 @@ def _save_checkpoint(spec, model, optimizer, scheduler, progress: Progress, fold
     return True
 
 
-def _publish_adapter(spec: WorkerSpec, model, version: int, rank: int) -> AdapterRef | None:
+def _publish_adapter(spec: WorkerSpec, model, progress: Progress, rank: int) -> AdapterRef | None:
     adapter = gather_adapter(model)
     if rank != 0:
         return None
+    version = progress.policy_version
     path = save_adapter(model, adapter, Path(spec.run_dir) / "adapters" / f"v{version}")
-    ref = AdapterRef(version=version, path=str(path), base_model=spec.model.path)
+    ref = AdapterRef(version=version, path=str(path), base_model=spec.model.path, step=progress.step)
     publish(spec.publisher, ref)
     return ref
+
+
+def _republish_restored(spec: WorkerSpec, model, restored: Progress, rank: int) -> Progress:
+    """After a restore, put the restored weights on the replicas, keeping versions monotone (a collective).
+
+    Two cases. A new launch resuming an interrupted run: the replicas sample the base model (version 0), so the
+    restored adapter is published under its own version. A learner Ray Train restarted inside a run
+    (``trainer.max_failures``): the replicas already sample versions the dead learner published after its last
+    checkpoint; the restored weights are published as the next version, never reusing a number for other weights,
+    so every token's version names the weights that sampled it. Groups sampled by the lost versions are trained
+    like any stale group: against their recorded behaviour log-probs (``tis_imp_ratio_cap`` reweights them).
+    """
+    box: list[Any] = [latest_published(spec.publisher) if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    latest = int(box[0])
+    if latest == restored.policy_version:
+        return restored  # the replicas sample exactly these weights already
+    version = restored.policy_version if latest < restored.policy_version else latest + 1
+    if version != restored.policy_version and rank == 0:
+        log.warning("learner restarted from the step-%d checkpoint (policy version %d) while the replicas sample "
+                    "version %d: publishing the restored weights as version %d", restored.step,
+                    restored.policy_version, latest, version)
+    progress = Progress(step=restored.step, policy_version=version)
+    _publish_adapter(spec, model, progress, rank)
+    return progress
 
 
 def _report(spec, model, optimizer, scheduler, progress: Progress, metrics: dict, checkpoint: bool, rank: int):
@@ -203,22 +230,33 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     optimizer = build_optimizer(model, spec.actor.optim)
     scheduler = make_scheduler(optimizer, spec.actor.optim, spec.total_steps)
     progress = _restore(spec, model, optimizer, scheduler, rank)
-    if progress.policy_version > 0:
-        # Resumed: the rollout replicas (a fresh app, or one reset on attach) still sample the base model,
-        # and the buffer would drop their groups as stale forever. Publish the restored adapter first.
-        _publish_adapter(spec, model, progress.policy_version, rank)
+    if progress.step > 0 or progress.policy_version > 0:
+        progress = _republish_restored(spec, model, progress, rank)
     settings = _settings(spec, device)
     save_freq = spec.trainer.save_freq
+    skipped, skipped_in_a_row = 0, 0
     while spec.total_steps is None or progress.step < spec.total_steps:
         step = progress.step + 1
         wait_start = time.perf_counter()
-        batch = _pull_batch(spec.source, step, rank)
+        batch = _pull_batch(spec.source, step, progress.policy_version, rank)
         if batch is None:
             break
         wait_s = time.perf_counter() - wait_start
         metrics = train_step(model, optimizer, scheduler, batch, step, settings)
+        if math.isfinite(metrics["grad_norm"]):
+            skipped_in_a_row = 0
+        else:  # train_step left the weights as they were
+            skipped, skipped_in_a_row = skipped + 1, skipped_in_a_row + 1
+            if rank == 0:
+                log.warning("step %d: gradient norm %s, optimizer step skipped (%d in a row; the run stops at %d)", step,
+                            metrics["grad_norm"], skipped_in_a_row, spec.trainer.max_nonfinite_steps)
+            if skipped_in_a_row >= spec.trainer.max_nonfinite_steps:
+                raise FloatingPointError(
+                    f"steps {step - skipped_in_a_row + 1}..{step}: non-finite gradient norm in {skipped_in_a_row} "
+                    f"steps in a row (trainer.max_nonfinite_steps={spec.trainer.max_nonfinite_steps}); the run diverged")
+        metrics["train/skipped_steps"] = float(skipped)
         progress = Progress(step=step, policy_version=progress.policy_version + 1)
-        _publish_adapter(spec, model, progress.policy_version, rank)
+        _publish_adapter(spec, model, progress, rank)
         metrics.update(step=float(step), policy_version=float(progress.policy_version), batch_wait_s=wait_s)
         if rank == 0:
             append_metrics(spec.run_dir, metrics)

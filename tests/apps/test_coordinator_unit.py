@@ -72,9 +72,11 @@ class InProcess:
         return Remote(getattr(self.obj, name))
 
 
-def test_a_group_still_in_transit_at_stop_is_counted_once():
-    """A worker call cancelled at stop whose put was already sent: the put lands after the coordinator stopped. The
-    sealed buffer refuses it, so the group is left in flight (not also queued) and the accounting balances."""
+@pytest.mark.parametrize("put", ["in transit", "queued"])
+def test_a_group_whose_call_is_cut_at_stop_is_counted_once(put):
+    """A worker call cancelled at stop. ``in transit``: its put was sent and lands after the coordinator stopped;
+    the sealed buffer refuses it, so the group is left in flight (not also queued). ``queued``: the group reached
+    the queue but the call had not returned; it counts as queued (not also in flight). Either way it balances."""
     from agents.records import Trajectory
     from apps.coordinator import accounting
     from trainers.buffer import TrajectoryBuffer
@@ -92,9 +94,12 @@ def test_a_group_still_in_transit_at_stop_is_counted_once():
             async def deliver():  # the message is on its way: cancelling the caller does not recall it
                 await asyncio.sleep(0.2)
                 await buffer.put_group(group)
-            in_transit.append(asyncio.ensure_future(deliver()))
+            if put == "queued":
+                await buffer.put_group(group)
+            else:
+                in_transit.append(asyncio.ensure_future(deliver()))
             sent.set()
-            await asyncio.Event().wait()  # the worker call is cancelled at stop, before the put lands
+            await asyncio.Event().wait()  # the worker call is cancelled at stop
 
         worker = type("Worker", (), {"run_rows": Remote(run_rows)})()
         coordinator = Coordinator(rows(2), [worker], InProcess(buffer), AdmissionController(1, 0))
@@ -103,8 +108,10 @@ def test_a_group_still_in_transit_at_stop_is_counted_once():
         coordinator.stop()
         final = await asyncio.wait_for(task, 5)
         await asyncio.gather(*in_transit)
-        book = accounting(final, await buffer.stats())
+        stats = await buffer.stats()
+        book = accounting(final, stats)
         assert book["groups/admitted"] == 1 and book["groups/left_over"] == 1, book
+        assert (stats["buffer/depth"], final["groups/in_flight"]) == ((1, 0) if put == "queued" else (0, 1))
         assert book["groups/balanced"] == 1, book
     asyncio.run(body())
 
@@ -137,4 +144,52 @@ def test_dispatch_waits_at_the_bound_and_a_publish_wakes_it():
         coordinator.stop()
         stats = await asyncio.wait_for(task, 5)
         assert stats["groups/admitted"] == 6 and coordinator.failure() is None
+    asyncio.run(body())
+
+
+def test_a_dead_agent_worker_leaves_the_pool_once_and_its_group_runs_elsewhere(caplog):
+    """The first worker's actor dies under its group: said once, never dispatched to again, the group runs once
+    more on the other worker under the same ticket (nothing failed)."""
+    import ray
+
+    async def body():
+        dead_calls, live_calls = [], []
+
+        async def dies(rows, step, group_ids):
+            dead_calls.append(group_ids[0])
+            raise ray.exceptions.ActorDiedError()
+
+        async def works(rows, step, group_ids):
+            live_calls.append(group_ids[0])
+            await asyncio.sleep(0.01)
+            return {"num_trajectories": 2}
+
+        dead = type("Dead", (), {"run_rows": Remote(dies)})()
+        live = type("Live", (), {"run_rows": Remote(works)})()
+        coordinator = Coordinator(rows(8), [dead, live], FakeBuffer(), AdmissionController(2, 0))
+        task = asyncio.create_task(coordinator.run())
+        await asyncio.sleep(0.3)
+        coordinator.stop()
+        stats = await asyncio.wait_for(task, 5)
+        assert len(dead_calls) == 1 and any(g.endswith("-again") for g in live_calls)
+        assert dead_calls[0] + "-again" in live_calls
+        assert stats["groups/failed"] == 0 and stats["groups/redispatched"] == 1
+        assert stats["agent_workers/alive"] == 1
+    asyncio.run(body())
+    assert sum("agent worker 0 died" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_every_worker_dead_stops_the_run_with_an_error():
+    import ray
+
+    async def body():
+        async def dies(rows, step, group_ids):
+            raise ray.exceptions.ActorDiedError()
+
+        buffer = FakeBuffer()
+        workers = [type("Dead", (), {"run_rows": Remote(dies)})() for _ in range(2)]
+        coordinator = Coordinator(rows(8), workers, buffer, AdmissionController(2, 0))
+        stats = await asyncio.wait_for(coordinator.run(), 5)
+        assert coordinator.failure() == "every agent worker died" and buffer.closed
+        assert stats["groups/admitted"] == stats["groups/failed"] + stats["groups/in_flight"]
     asyncio.run(body())

@@ -99,3 +99,15 @@ def test_accounting_fails_when_a_bucket_is_miscounted():
     assert accounting(admission, buffer)["groups/balanced"] == 1
     assert accounting(admission, {**buffer, "buffer/depth": 0})["groups/balanced"] == 0  # a group went missing
     assert accounting({**admission, "groups/in_flight": 3}, buffer)["groups/balanced"] == 0
+
+
+def test_a_resumed_run_admits_nothing_until_the_restored_version_is_published():
+    """A relaunch from the step-3 checkpoint: the replicas sample version 0 until the learner republishes 3; the
+    bound then counts from 3 (groups trained before the relaunch are not this launch's)."""
+    admission = AdmissionController(2, 1, resume_version=3)
+    assert admission.admit(10) == [] and admission.limit == 0
+    admission.on_publish(3)
+    tickets = admission.admit(10)
+    assert len(tickets) == (1 + 1) * 2 and {t.version for t in tickets} == {3}
+    admission.on_publish(4)
+    assert len(admission.admit(10)) == 2
