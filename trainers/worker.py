@@ -161,9 +161,9 @@ def _republish_restored(spec: WorkerSpec, model, restored: Progress, rank: int) 
         return restored  # the replicas sample exactly these weights already
     version = restored.policy_version if latest < restored.policy_version else latest + 1
     if version != restored.policy_version and rank == 0:
-        log.warning("learner restarted from the step-%d checkpoint (policy version %d) while the replicas sample "
-                    "version %d: publishing the restored weights as version %d", restored.step,
-                    restored.policy_version, latest, version)
+        start = f"the step-{restored.step} checkpoint" if restored.step else "its initial weights (no checkpoint yet)"
+        log.warning("learner restarted from %s (policy version %d) while the replicas sample version %d: publishing "
+                    "the restored weights as version %d", start, restored.policy_version, latest, version)
     progress = Progress(step=restored.step, policy_version=version)
     _publish_adapter(spec, model, progress, rank)
     return progress
@@ -230,8 +230,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     optimizer = build_optimizer(model, spec.actor.optim)
     scheduler = make_scheduler(optimizer, spec.actor.optim, spec.total_steps)
     progress = _restore(spec, model, optimizer, scheduler, rank)
-    if progress.step > 0 or progress.policy_version > 0:
-        progress = _republish_restored(spec, model, progress, rank)
+    # Always asked, a fresh start included: a learner restarted before its first checkpoint reached Ray Train starts
+    # from the initial weights while the replicas sample what the dead one published.
+    progress = _republish_restored(spec, model, progress, rank)
     settings = _settings(spec, device)
     save_freq = spec.trainer.save_freq
     skipped, skipped_in_a_row = 0, 0
