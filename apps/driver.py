@@ -146,6 +146,8 @@ def with_absolute_paths(cfg: TandemConfig, root: Path | None = None) -> TandemCo
     for key, value in (("actor_rollout_ref.rollout.multi_turn.tool_config_path",
                         cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path),
                        ("tools.config_path", cfg.tools.config_path),
+                       ("custom_reward_function.path", cfg.custom_reward_function.path),
+                       ("reward.custom_reward_function.path", cfg.reward.custom_reward_function.path),
                        ("actor_rollout_ref.model.lora_adapter_path", model.lora_adapter_path)):
         if value:
             updates.append(f"{key}={source(value)}")

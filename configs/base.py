@@ -25,3 +25,6 @@ class Section(BaseModel):
 
     #: verl keys of this section that load (for config compatibility) but do nothing here.
     VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset()
+    #: True for a verl section of which tandem-rl implements only its fields: every other key (verl's sections
+    #: differ between versions) loads with the same warning instead of failing as unknown.
+    VERL_OTHER_KEYS_UNIMPLEMENTED: ClassVar[bool] = False

@@ -122,7 +122,7 @@ def _check_keys(raw: dict[str, Any], cls: type[Section], prefix: str) -> None:
             sub = _section_type(fields[key].annotation)
             if sub is not None and isinstance(raw[key], dict):
                 _check_keys(raw[key], sub, f"{path}.")
-        elif key in cls.VERL_UNIMPLEMENTED:
+        elif key in cls.VERL_UNIMPLEMENTED or cls.VERL_OTHER_KEYS_UNIMPLEMENTED:
             warnings.warn(f"{path}: verl key accepted but not implemented by tandem-rl; ignored",
                           ConfigWarning, stacklevel=3)
             del raw[key]

@@ -12,7 +12,10 @@ from configs.base import ConfigWarning, Section
 from configs.rollout import RolloutConfig
 from configs.sections import (
     AlgorithmConfig,
+    CustomRewardFunctionConfig,
     DataConfig,
+    RewardConfig,
+    RewardModelConfig,
     ServeConfig,
     SFTConfig,
     StreamConfig,
@@ -39,8 +42,8 @@ class TandemConfig(Section):
     """One experiment: verl's sections plus tandem-rl's serve/stream/tools/tracking/sft."""
 
     VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
-        {"critic", "reward_model", "custom_reward_function", "ray_kwargs", "ray_init", "global_profiler",
-         "transfer_queue", "model_engine", "hydra", "defaults", "reward", "distillation"}
+        {"critic", "ray_kwargs", "ray_init", "global_profiler",
+         "transfer_queue", "model_engine", "hydra", "defaults", "distillation"}
     )
 
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
@@ -61,6 +64,21 @@ class TandemConfig(Section):
     """mlflow and Ray metrics."""
     sft: SFTConfig = Field(default_factory=SFTConfig)
     """Optional SFT cold start."""
+    custom_reward_function: CustomRewardFunctionConfig = Field(default_factory=CustomRewardFunctionConfig)
+    """A user's reward function file (verl's top-level key)."""
+    reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
+    """verl's legacy reward section: ``reward_kwargs`` only."""
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    """verl 0.9's reward section: ``custom_reward_function`` only."""
+
+    @property
+    def reward_function(self) -> CustomRewardFunctionConfig | None:
+        """The custom reward function in effect (top-level, else ``reward.``), with ``reward_model.reward_kwargs``
+        merged under its own; None when neither names a path."""
+        chosen = self.custom_reward_function if self.custom_reward_function.path else self.reward.custom_reward_function
+        if not chosen.path:
+            return None
+        return chosen.model_copy(update={"reward_kwargs": {**self.reward_model.reward_kwargs, **chosen.reward_kwargs}})
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> TandemConfig:

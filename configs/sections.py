@@ -246,3 +246,34 @@ class SFTConfig(Section):
     """Longest transcript in tokens (longer ones are dropped and counted)."""
     full_finetune: bool = True
     """Train all weights (True) or a LoRA adapter merged at the end (False)."""
+
+
+class CustomRewardFunctionConfig(Section):
+    path: str | None = None
+    """A Python file with the reward function (verl's ``custom_reward_function.path``). When set, it scores every
+    row instead of the built-in reward chosen by ``data_source``."""
+    name: str = "compute_score"
+    """The function's name in that file, called as verl calls it: ``name(data_source=…, solution_str=…,
+    ground_truth=…, extra_info=…, **reward_kwargs)``, returning a float or verl's dict (``{"score": …, "acc": …}``);
+    a coroutine function is awaited."""
+    reward_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra keyword arguments for every call (verl's ``custom_reward_function.reward_kwargs``)."""
+
+
+class RewardModelConfig(Section):
+    """verl's legacy ``reward_model`` section: only ``reward_kwargs`` is used here (no learned reward model)."""
+
+    VERL_OTHER_KEYS_UNIMPLEMENTED: ClassVar[bool] = True
+
+    reward_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments passed to the custom reward function (merged under its own ``reward_kwargs``)."""
+
+
+class RewardConfig(Section):
+    """verl 0.9's ``reward`` section: only ``custom_reward_function`` is used here."""
+
+    VERL_OTHER_KEYS_UNIMPLEMENTED: ClassVar[bool] = True
+
+    custom_reward_function: CustomRewardFunctionConfig = Field(default_factory=CustomRewardFunctionConfig)
+    """Where verl 0.9 puts the custom reward function; the top-level ``custom_reward_function`` wins when both
+    name a path."""

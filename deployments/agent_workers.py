@@ -30,9 +30,11 @@ from ray.serve.handle import DeploymentHandle
 from agents.chat import ChatDelta
 from agents.data.rows import DatasetRow
 from agents.loops import AgentContext, Episode, EpisodeResult, LoopLimits, episodes_for_row, run_episode
+from agents.loops.episode import custom_reward
 from agents.loops.tracing import NullTracer, Tracer
 from agents.parsers import parse_tool_calls
 from agents.records import GenerateRequest, GenerateResult, SamplingParams, ScoredSample, Trajectory
+from agents.rewards import load_custom_reward
 from agents.tools.registry import load_tools
 
 MAX_ACTOR_CONCURRENCY = 10_000  # run_rows calls and their episodes all live on the actor's event loop
@@ -77,6 +79,8 @@ class AgentWorkerSpec:
     max_concurrent_episodes: int = 64
     openai_base_url: str = ""
     max_generate_retries: int = 3  # a generate whose replica died goes to another replica this many times
+    # a user's verl-style reward function: (file, function name, reward_kwargs); None = the built-in rewards
+    reward_function: tuple[str, str, dict[str, Any]] | None = None
 
     @classmethod
     def from_config(cls, cfg: Any, *, tokenizer_path: str | None = None, openai_base_url: str = "") -> AgentWorkerSpec:
@@ -97,6 +101,8 @@ class AgentWorkerSpec:
             default_agent_loop=rollout.agent.default_agent_loop,
             max_concurrent_episodes=rollout.agent.max_concurrent_episodes,
             openai_base_url=openai_base_url,
+            reward_function=(None if cfg.reward_function is None else
+                             (cfg.reward_function.path, cfg.reward_function.name, dict(cfg.reward_function.reward_kwargs))),
         )
 
 
@@ -154,6 +160,7 @@ class AgentWorkerImpl:
             limits=spec.limits,
             tools=load_tools(spec.tool_config_path) if spec.tool_config_path else {},
             tracer=tracer_factory() if tracer_factory is not None else NullTracer(),
+            **({} if spec.reward_function is None else {"reward": custom_reward(load_custom_reward(*spec.reward_function))}),
             run_id=self.run_id,
             openai_base_url=spec.openai_base_url,
         )

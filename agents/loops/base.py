@@ -21,6 +21,7 @@ Budget rules (all in tokens):
 from __future__ import annotations
 
 import enum
+import inspect
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -261,7 +262,8 @@ class AgentLoop:
         # scores the episode; otherwise the row's rule reward does.
         return [
             tool for name, tool in self._episode_tools().items()
-            if name in self.episode.tools_kwargs and type(tool).calc_reward is not Tool.calc_reward
+            if name in self.episode.tools_kwargs and getattr(
+                tool, "scores_episodes", type(tool).calc_reward is not Tool.calc_reward)
         ]
 
     async def compute_reward(self) -> float | Mapping[str, Any]:
@@ -274,7 +276,8 @@ class AgentLoop:
         # num_tool_errors); compute_reward passes each scorer only the keys it declares.
         usage = {"num_tool_calls": self.p.num_tool_calls, "num_tool_errors": self.p.num_tool_errors}
         episode = replace(self.episode, extra_info={**self.episode.extra_info, **usage})
-        return self.ctx.reward(episode, self.p.last_text)
+        value = self.ctx.reward(episode, self.p.last_text)
+        return await value if inspect.isawaitable(value) else value  # a user's reward function may be async
 
     def result(self, reward: RewardScore) -> EpisodeResult:
         p = self.p

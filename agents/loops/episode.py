@@ -110,6 +110,14 @@ RewardFn = Callable[[Episode, str], "float | Mapping[str, Any]"]
 """A number or verl's dict (``{"score": …, "acc": …}``); the loop turns either into a ``RewardScore``."""
 
 
+def custom_reward(call: Callable[..., Any]) -> RewardFn:
+    """A ``RewardFn`` over a user's verl-style reward function (``agents.rewards.load_custom_reward``)."""
+    def reward(episode: Episode, solution: str) -> Any:
+        return call(data_source=episode.data_source, solution_str=solution, ground_truth=episode.ground_truth,
+                    extra_info=dict(episode.extra_info))
+    return reward
+
+
 def row_reward(episode: Episode, solution: str) -> Mapping[str, float]:
     """The row's rule reward (``agents.rewards``, chosen by ``data_source``) as verl's dict."""
     scored = score_reward(episode.data_source, solution, episode.ground_truth, episode.extra_info)

@@ -15,6 +15,7 @@ framework that owns the conversation); a prompt the ingress rejects as too long 
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -153,7 +154,9 @@ async def run_langgraph_sql(ctx: AgentContext, episode: Episode, api_key: str = 
         termination = Termination.RESPONSE_BUDGET
     final = next((m for m in reversed(messages) if isinstance(m, AIMessage)), None)
     answer = str(final.content) if final is not None else ""
-    reward = RewardScore.of(ctx.reward(episode, answer), f"trajectory {episode.trajectory_id!r}")
+    value = ctx.reward(episode, answer)
+    value = await value if inspect.isawaitable(value) else value  # a user's reward function may be async
+    reward = RewardScore.of(value, f"trajectory {episode.trajectory_id!r}")
     trajectories = [_trajectory(episode, s, i, reward, termination, messages) for i, s in enumerate(samples)]
     conversation = tuple(_as_dict(m) for m in messages) or tuple(dict(m) for m in episode.messages)
     return EpisodeResult(trajectories[0], conversation, tuple(trajectories[1:]))

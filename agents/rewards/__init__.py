@@ -82,6 +82,36 @@ def score_reward(
     return RewardScore.of(fn(solution_str, ground_truth, **kwargs), f"reward for data_source {data_source!r}")
 
 
+def load_custom_reward(path: str, name: str = "compute_score",
+                       reward_kwargs: Mapping[str, Any] | None = None) -> Callable[..., Any]:
+    """A user's reward function from a Python file, called as verl calls it: ``fn(data_source=…,
+    solution_str=…, ground_truth=…, extra_info=…, **reward_kwargs)``. Errors name the file and function."""
+    import importlib.util
+    from pathlib import Path
+
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"custom_reward_function.path: no file {file}")
+    spec = importlib.util.spec_from_file_location(f"tandem_custom_reward_{abs(hash(str(file.resolve())))}", file)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise RuntimeError(f"custom_reward_function.path {file}: importing it failed: {exc!r}") from exc
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise AttributeError(f"custom_reward_function: {file} has no function {name!r}")
+    kwargs = dict(reward_kwargs or {})
+    if inspect.iscoroutinefunction(fn):
+        async def call_async(**arguments: Any) -> Any:
+            return await fn(**arguments, **kwargs)
+        return call_async
+
+    def call(**arguments: Any) -> Any:
+        return fn(**arguments, **kwargs)
+    return call
+
+
 def compute_reward(
     data_source: str, solution_str: str, ground_truth: Any, extra_info: Mapping[str, Any] | None = None
 ) -> float:

@@ -2,7 +2,8 @@
 
 A tool config is ``tools: [{class_name, config, tool_schema}]`` exactly as verl writes it.
 ``class_name`` is one of our short names (the keys of ``TOOLS``), a verl class path listed in
-``VERL_ALIASES``, or the dotted path of one of our classes; nothing is imported by string.
+``VERL_ALIASES``, the dotted path of one of our classes, or, as in verl, the dotted path of the user's own
+class: a ``Tool`` subclass, or a ``verl.tools.base_tool.BaseTool`` subclass run unchanged through ``VerlTool``.
 """
 
 from __future__ import annotations
@@ -36,15 +37,41 @@ VERL_ALIASES: dict[str, str] = {
 _OWN_PATHS: dict[str, str] = {f"{cls.__module__}.{cls.__qualname__}": name for name, cls in TOOLS.items()}
 
 
-def resolve_class_name(class_name: str, where: str = "tool") -> type[Tool]:
-    """The tool class for ``class_name``; ValueError names ``where`` and the nearest known name."""
+def resolve_class_name(class_name: str, where: str = "tool") -> type:
+    """The tool class for ``class_name`` (ours, or a user's class by dotted path); ValueError names ``where`` and
+    the nearest known name."""
     short = VERL_ALIASES.get(class_name) or _OWN_PATHS.get(class_name) or class_name
     if short in TOOLS:
         return TOOLS[short]
+    user = _import_class(class_name, where) if "." in class_name else None
+    if user is not None:
+        return user
     known = [*TOOLS, *VERL_ALIASES, *_OWN_PATHS]
     nearest = difflib.get_close_matches(class_name, known, n=1, cutoff=0.0)
     hint = f"; nearest known name: {nearest[0]!r}" if nearest else ""
     raise ValueError(f"{where}: unknown class_name {class_name!r}{hint}")
+
+
+def _import_class(path: str, where: str) -> type | None:
+    """The class a dotted path names (None when its module does not import: then the name is reported unknown)."""
+    import importlib
+    import importlib.util
+
+    module_name, _, attr = path.rpartition(".")
+    try:
+        if importlib.util.find_spec(module_name) is None:
+            return None
+    except ImportError:  # a parent package that does not exist
+        return None
+    module = importlib.import_module(module_name)  # a module that exists but fails to import says why
+    cls = getattr(module, attr, None)
+    if cls is None:
+        raise ValueError(f"{where}: module {module_name!r} has no {attr!r}")
+    from agents.tools.verl_tool import is_verl_tool_class
+
+    if not (isinstance(cls, type) and (issubclass(cls, Tool) or is_verl_tool_class(cls))):
+        raise ValueError(f"{where}: {path!r} is neither a tandem-rl Tool nor a verl BaseTool subclass")
+    return cls
 
 
 def _read_config(path_or_dict: str | Path | Mapping[str, Any]) -> Mapping[str, Any]:
@@ -75,6 +102,10 @@ def _build(index: int, entry: Any) -> Tool:
         name = function.get("name") if isinstance(function, Mapping) else None
         if schema.get("type") != "function" or not isinstance(name, str) or not name:
             raise ValueError(f"{where}: tool_schema needs type: function and function.name")
+    from agents.tools.verl_tool import VerlTool, is_verl_tool_class
+
+    if is_verl_tool_class(cls):
+        return VerlTool(cls, dict(config), dict(schema) if schema is not None else None, where=where)
     return cls(dict(config), dict(schema) if schema is not None else None)
 
 

@@ -72,9 +72,34 @@ def _check_run(run_dir: Path, db: Path) -> list[dict]:
     return lines
 
 
+VERL_TOOLS = """tools:
+  - class_name: calculator
+  - class_name: tests.agents.tools.verl_style_tool.AnswerCheckTool
+    config: {type: native}
+    tool_schema:
+      type: function
+      function:
+        name: check_answer
+        description: Check an answer.
+        parameters: {type: object, properties: {answer: {type: string}}, required: [answer]}
+"""
+REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, base=0.0):
+    return {"score": base + 0.25, "acc": 1.0}
+"""
+
+
 def test_streaming_run(tmp_path, tiny_model_dir, train_rows):
-    proc, run_dir = _train(tmp_path, tiny_model_dir, train_rows, "stream.enabled=true", "stream.max_staleness=1")
+    """Also verl's extension points as a verl user writes them: a BaseTool subclass named in the tool config and a
+    custom_reward_function file (with reward_kwargs) that scores every episode."""
+    (tmp_path / "tools.yaml").write_text(VERL_TOOLS)
+    (tmp_path / "reward.py").write_text(REWARD)
+    proc, run_dir = _train(tmp_path, tiny_model_dir, train_rows, "stream.enabled=true", "stream.max_staleness=1",
+                           f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tmp_path / 'tools.yaml'}",
+                           f"custom_reward_function.path={tmp_path / 'reward.py'}",
+                           "custom_reward_function.reward_kwargs={base: 0.5}", "data.max_prompt_length=384")
     lines = _check_run(run_dir, tmp_path / "mlruns.db")
+    assert all(row["reward/mean"] == 0.75 and row["reward/acc"] == 1.0 for row in lines)  # the user's function
     for row in lines:  # the bias metrics of every step; nothing is abandoned by default
         assert 0 <= row["long_share/trained"] <= 1 and row["tokens/generated_per_trained"] > 0
         assert row["groups/aborted_in_flight"] == 0 and row["staleness/token_mean"] <= row["staleness/max"]
