@@ -54,8 +54,14 @@ class RunTracker:
             if self.metrics_path.is_file() else []
         self.mlflow_run_id: str | None = None
         self._wandb = None
+        self._tensorboard = None
         self._gauges: dict[str, Any] = {}
         loggers = set(cfg.trainer.logger)
+        if "tensorboard" in loggers:
+            from torch.utils.tensorboard import SummaryWriter
+
+            folder = Path(os.environ.get("TENSORBOARD_DIR") or run_dir / "tensorboard")
+            self._tensorboard = SummaryWriter(log_dir=str(folder))
         if "mlflow" in loggers:
             self._start_mlflow()
         if "wandb" in loggers:
@@ -111,6 +117,11 @@ class RunTracker:
             mlflow.log_metrics({_mlflow_key(k): v for k, v in row.items() if k != "step"}, step=step)
         if self._wandb is not None:
             self._wandb.log(row, step=step)
+        if self._tensorboard is not None:
+            for key, value in row.items():
+                if key != "step":
+                    self._tensorboard.add_scalar(key, value, global_step=step)
+            self._tensorboard.flush()
         for key, gauge in self._gauges.items():
             if key in row:
                 gauge.set(row[key])
@@ -136,6 +147,8 @@ class RunTracker:
             mlflow.end_run()
         if self._wandb is not None:
             self._wandb.finish()
+        if self._tensorboard is not None:
+            self._tensorboard.close()
         return plot
 
 

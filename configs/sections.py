@@ -105,7 +105,10 @@ class TrainerConfig(Section):
     experiment_name: str = "run"
     """Run name; checkpoints and outputs live under ``default_local_dir``."""
     logger: list[Literal["console", "mlflow", "wandb", "tensorboard", "file"]] = ["console", "mlflow"]
-    """Metric sinks; ``wandb`` degrades to a warning when the package or network is missing."""
+    """Metric sinks: ``console`` (progress bar, validation lines, end-of-run table), ``mlflow``
+    (``tracking.mlflow_tracking_uri``), ``wandb`` (degrades to a warning when the package or network is missing),
+    ``tensorboard`` (event files in ``$TENSORBOARD_DIR``, as verl, else ``<run dir>/tensorboard``), ``file``
+    (``metrics.jsonl`` in the run dir, which every run writes)."""
     n_gpus_per_node: int = Field(default=1, ge=1, le=64)
     """Training workers per node (GPUs; CPU processes on a CPU machine)."""
     nnodes: int = Field(default=1, ge=1)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import enum
 import inspect
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -31,6 +32,7 @@ from agents.chat import ChatDelta, Message
 from agents.loops.episode import Episode, LoopLimits, RewardFn, row_reward
 from agents.loops.tracing import EpisodeSpans, NullTracer, Tracer
 from agents.records import GenerateRequest, GenerateResult, ParsedToolCalls, Termination, Trajectory
+from agents.data.truncation import apply_prompt_limit
 from agents.rewards import RewardScore
 from agents.tools.base import Tool
 
@@ -42,6 +44,18 @@ class Generator(Protocol):
 
 
 ParseFn = Callable[[str], ParsedToolCalls]
+
+
+log = logging.getLogger("tandem_rl.agents")
+_truncation_logged: set[str] = set()
+
+
+def _log_truncation_once(truncation: str, row: object, before: int, after: int) -> None:
+    """``data.truncation`` cut an over-long prompt: said once per process and mode, naming the first row."""
+    if truncation not in _truncation_logged:
+        _truncation_logged.add(truncation)
+        log.warning("data.truncation=%s: row %s's prompt has %d tokens, cut to %d (max_prompt_length); later rows "
+                    "are cut silently", truncation, row, before, after)
 
 
 @dataclass
@@ -155,7 +169,14 @@ class AgentLoop:
     async def pending(self) -> State:
         await self.create_tools()
         schemas = [t.schema for t in self.ctx.tools.values()] if self.use_tools else None
-        self.p.prompt_ids = self.ctx.chat.prompt_ids(self.p.messages, schemas)
+        ids = self.ctx.chat.prompt_ids(self.p.messages, schemas)
+        limits = self.ctx.limits
+        if limits.max_prompt_length is not None and len(ids) > limits.max_prompt_length:
+            row = self.episode.extra_info.get("index", self.episode.trajectory_id)
+            cut = apply_prompt_limit(ids, limits.max_prompt_length, limits.truncation, row)  # "error" raises
+            _log_truncation_once(limits.truncation, row, len(ids), len(cut))
+            ids = cut
+        self.p.prompt_ids = ids
         return State.GENERATING
 
     async def generating(self) -> State:

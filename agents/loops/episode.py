@@ -32,6 +32,8 @@ class LoopLimits:
     tool_response_truncate_side: TruncateSide = "middle"
     on_parse_error: str = "feedback"
     tool_timeout_s: float = 10.0
+    max_prompt_length: int | None = None  # data.max_prompt_length, applied with data.truncation to the rendered prompt
+    truncation: str = "error"
 
     @classmethod
     def from_config(cls, cfg: Any) -> LoopLimits:
@@ -47,6 +49,8 @@ class LoopLimits:
             tool_response_truncate_side=mt.tool_response_truncate_side,
             on_parse_error=mt.on_parse_error,
             tool_timeout_s=mt.tool_timeout_s,
+            max_prompt_length=cfg.data.max_prompt_length,
+            truncation=cfg.data.truncation,
         )
 
 

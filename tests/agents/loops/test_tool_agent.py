@@ -255,3 +255,33 @@ def test_tool_derived_reward_when_the_row_configures_a_scoring_tool(qwen_tokeniz
     # The final text has no "#### 42", so the rule reward would be 0; the tool scored the proposal.
     assert traj.reward == 1.0
     assert tool._episodes == {}  # released
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("side", ["left", "right", "middle"])
+def test_data_truncation_cuts_an_over_long_prompt_and_says_so_once(qwen_tokenizer, side, caplog) -> None:
+    from agents.data.truncation import apply_prompt_limit
+    from agents.loops import base
+
+    base._truncation_logged.discard(side)
+    question = "Please compute this carefully: " + "and then some more words " * 20 + "What is 6*7?"
+    full = None
+    for attempt in range(2):
+        ctx, gen = make_context(qwen_tokenizer, [say(qwen_tokenizer, "#### 42")], [CalculatorTool()],
+                                max_prompt_length=64, truncation=side)
+        traj = run(ToolAgentLoop(ctx, make_episode(question=question))).trajectory
+        ctx_full, _ = make_context(qwen_tokenizer, [], [CalculatorTool()])
+        full = ctx_full.chat.prompt_ids([{"role": "user", "content": question}], [CalculatorTool().schema])
+        assert len(full) > 64 and list(traj.prompt_ids) == apply_prompt_limit(full, 64, side, 0)
+        assert gen.requests[0].prompt_ids == traj.prompt_ids  # what the model saw is what is trained
+    said = [r for r in caplog.records if f"data.truncation={side}" in r.getMessage()]
+    assert len(said) == 1 and f"{len(full)} tokens, cut to 64" in said[0].getMessage()
+
+
+@pytest.mark.unit
+def test_data_truncation_error_names_the_row(qwen_tokenizer) -> None:
+    from agents.data.truncation import PromptTooLongError
+
+    ctx, _ = make_context(qwen_tokenizer, [say(qwen_tokenizer, "#### 42")], [CalculatorTool()], max_prompt_length=32)
+    with pytest.raises(PromptTooLongError, match="row g0-0: prompt has"):
+        run(ToolAgentLoop(ctx, make_episode()))

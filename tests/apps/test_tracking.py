@@ -1,0 +1,32 @@
+"""RunTracker's sinks: metrics.jsonl (``file``) and tensorboard event files, read back; a non-finite value (a
+diverging run) is kept, not dropped."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from apps.tracking import RunTracker
+from configs import load_config
+
+pytestmark = pytest.mark.unit
+
+
+def test_tensorboard_and_file_loggers_hold_every_step_nan_included(tmp_path, monkeypatch):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monkeypatch.delenv("TENSORBOARD_DIR", raising=False)
+    cfg = load_config(None, ["trainer.logger=[tensorboard,file]"])
+    tracker = RunTracker(cfg, tmp_path / "run", ray_metrics=False)
+    tracker.log_step(1, {"reward/mean": 0.25, "grad_norm": 1.5})
+    tracker.log_step(2, {"reward/mean": 0.5, "grad_norm": float("nan")})
+    tracker.finish()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["reward/mean"] for r in rows] == [0.25, 0.5] and math.isnan(rows[1]["grad_norm"])
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("reward/mean")] == [(1, 0.25), (2, 0.5)]
+    assert math.isnan(events.Scalars("grad_norm")[1].value)
+    assert tracker.mlflow_run_id is None  # mlflow not asked for
