@@ -20,7 +20,7 @@ LossAggMode = Literal[
 
 class ModelConfig(Section):
     VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
-        {"external_lib", "use_shm", "enable_activation_offload", "use_liger", "use_fused_kernels",
+        {"mtp", "lora", "external_lib", "use_shm", "enable_activation_offload", "use_liger", "use_fused_kernels",
          "fused_kernel_options", "exclude_modules", "custom_chat_template",
          "use_dynamic_bsz", "layered_summon", "hf_config_path", "tiled_mlp"}
     )
@@ -50,7 +50,7 @@ class ModelConfig(Section):
 
 class OptimConfig(Section):
     VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
-        {"num_cycles", "optimizer", "optimizer_impl", "override_optimizer_config", "clip_grad"}
+        {"zero_indexed_step", "num_cycles", "optimizer", "optimizer_impl", "override_optimizer_config", "clip_grad"}
     )
 
     lr: float = Field(default=1e-5, ge=0, le=1)
@@ -75,7 +75,10 @@ class OptimConfig(Section):
 
 class FSDPConfig(Section):
     VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
-        {"wrap_policy", "forward_prefetch", "use_orig_params", "mixed_precision", "model_dtype", "dtype",
+        {"full_determinism", "entropy_from_logits_with_chunking", "entropy_from_logits_chunk_size",
+         "use_torch_compile", "use_no_sync_for_gradient_accumulation", "pad_to_length", "pad_to_length_bucket", "qat",
+         "turbo_config", "wrap_policy", "forward_prefetch", "use_orig_params", "mixed_precision", "model_dtype",
+         "dtype",
          "entropy_checkpointing", "ulysses_sequence_parallel_size", "forward_only", "strategy", "seed",
          "fsdp_size"}
     )
@@ -91,7 +94,7 @@ class FSDPConfig(Section):
 
 
 class PolicyLossConfig(Section):
-    VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset({"clip_cov_ratio", "clip_cov_lb", "clip_cov_ub",
+    VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset({"dro_beta", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub",
                                                               "kl_cov_ratio", "ppo_kl_coef"})
 
     loss_mode: LossMode = "vanilla"
@@ -100,12 +103,14 @@ class PolicyLossConfig(Section):
 
 class ActorConfig(Section):
     VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
-        {"checkpoint", "use_torch_compile", "ulysses_sequence_parallel_size", "use_fused_kernels", "profiler",
+        {"entropy_from_logits_chunk_size", "pad_to_length", "checkpoint", "use_torch_compile",
+         "ulysses_sequence_parallel_size", "use_fused_kernels", "profiler",
          "data_loader_seed", "entropy_from_logits_with_chunking", "entropy_checkpointing", "freeze_vision_tower",
          "loss_scale_factor", "calculate_sum_pi_squared", "tau_pos", "tau_neg",
          "ppo_infer_micro_batch_size_per_gpu", "ppo_infer_max_token_len_per_gpu", "qat", "rollout_n",
          "use_remove_padding", "engine", "router_replay", "grad_norm_threshold"}
     )
+    NO_EFFECT: ClassVar[dict[str, str]] = {"strategy": "the learner always shards with FSDP2 (fully_shard)"}
 
     strategy: Literal["fsdp", "fsdp2"] = "fsdp2"
     """Training strategy; both map to FSDP2 ``fully_shard`` (``fsdp`` is accepted for verl configs)."""
@@ -188,9 +193,15 @@ class RefConfig(Section):
     """The reference policy is the base model with the LoRA adapter disabled: no second copy."""
 
     VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
-        {"strategy", "ulysses_sequence_parallel_size", "use_torch_compile", "entropy_from_logits_with_chunking",
+        {"entropy_from_logits_chunk_size", "pad_to_length", "strategy", "ulysses_sequence_parallel_size",
+         "use_torch_compile", "entropy_from_logits_with_chunking",
          "entropy_checkpointing", "profiler", "model", "rollout_n"}
     )
+    NO_EFFECT: ClassVar[dict[str, str]] = {
+        key: "reference log-probs are computed inside the actor's micro-batches (actor.ppo_micro_batch_size_per_gpu, "
+             "actor.use_dynamic_bsz)"
+        for key in ("log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu", "log_prob_use_dynamic_bsz",
+                    "log_prob_max_token_len_per_gpu")}
 
     log_prob_micro_batch_size: int | None = Field(default=None, ge=1)
     """Deprecated verl key; use ``log_prob_micro_batch_size_per_gpu``."""

@@ -28,3 +28,7 @@ class Section(BaseModel):
     #: True for a verl section of which tandem-rl implements only its fields: every other key (verl's sections
     #: differ between versions) loads with the same warning instead of failing as unknown.
     VERL_OTHER_KEYS_UNIMPLEMENTED: ClassVar[bool] = False
+    #: field -> why it has no effect in tandem-rl: a value other than the default loads with a warning saying so.
+    NO_EFFECT: ClassVar[dict[str, str]] = {}
+    #: field -> what to do instead: a value other than the default is rejected with that explanation.
+    ONLY_DEFAULT: ClassVar[dict[str, str]] = {}

@@ -2,24 +2,32 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from configs.base import Section
+from configs.base import ConfigWarning, Section
 
 ParserName = Literal["qwen25_coder", "hermes", "qwen3_xml"]
 AgentLoopName = Literal["single_turn_agent", "tool_agent", "tool_agent_loop", "langgraph_sql"]
 
 
+VERL_ONLY_ENGINES = ("sglang", "trtllm")  # verl's engines tandem-rl does not have: their kwargs load, unused
+
+
 class MultiTurnConfig(Section):
     VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
-        {"interaction_config_path", "use_inference_chat_template", "tokenization_sanity_check_mode",
+        {"function_tool_path", "num_repeat_rollouts", "interaction_config_path", "use_inference_chat_template",
+         "tokenization_sanity_check_mode",
          "completion_callback", "max_turns"}
     )
+    NO_EFFECT: ClassVar[dict[str, str]] = {
+        "enable": "the agent loop is chosen by actor_rollout_ref.rollout.agent.default_agent_loop (single_turn_agent: "
+                  "no tools) or a row's agent_name"}
 
     enable: bool = True
-    """Allow multi-turn tool use (the ``tool_agent`` loop); single-turn rows ignore it."""
+    """verl's switch for multi-turn rollouts; here the agent loop decides (see ``NO_EFFECT``)."""
     format: ParserName = "qwen25_coder"
     """Tool-call format the agent loop parses: ``qwen25_coder`` (universal, default), ``hermes``
     (strict ``<tool_call>`` JSON) or ``qwen3_xml``."""
@@ -66,6 +74,9 @@ class ValKwargs(Section):
 
 
 class TraceConfig(Section):
+    VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
+        {"project_name", "experiment_name", "max_samples_per_step_per_worker"})
+
     backend: Literal["mlflow", "none"] = "mlflow"
     """Where agent-loop traces go (verl's ``rollout.trace.backend``)."""
     token2text: bool = False
@@ -76,13 +87,23 @@ class TraceConfig(Section):
 
 class RolloutConfig(Section):
     VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
-        {"ignore_eos", "free_cache_engine", "load_format", "disable_log_stats", "enable_chunked_prefill",
+        {"nnodes", "n_gpus_per_node", "full_determinism", "seed", "logprobs_mode", "scheduling_policy",
+         "multi_stage_wake_up", "router_config_path", "moe_load_balance_metrics_interval", "quantization_config_file",
+         "mtp", "qat", "disaggregation", "ignore_eos", "free_cache_engine", "load_format", "disable_log_stats",
+         "enable_chunked_prefill",
          "max_num_batched_tokens", "cudagraph_capture_sizes", "layered_summon", "update_weights_bucket_megabytes",
          "skip_rollout", "skip_dump_dir", "over_sample_rate", "expert_parallel_size", "data_parallel_size",
          "pipeline_model_parallel_size", "profiler", "mode_kwargs", "enable_prefix_caching", "checkpoint_engine",
          "layer_name_map", "quantization", "skip_tokenizer_init", "sglang_rollout_mode", "update_weights_mode",
          "agent_loop_workers", "custom", "prometheus", "server", "enable_rollout_routing_replay"}
     )
+    NO_EFFECT: ClassVar[dict[str, str]] = {
+        **{key: "the engines return each token's log-prob as they sample it; the learner's old log-probs come from "
+                "its own micro-batches (actor.ppo_micro_batch_size_per_gpu, actor.use_dynamic_bsz)"
+           for key in ("log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu", "log_prob_use_dynamic_bsz",
+                       "log_prob_max_token_len_per_gpu")},
+        "calculate_log_probs": "the engines always return rollout log-probs (truncated IS and partial rollouts need "
+                               "them)"}
 
     name: Literal["vllm", "hf"] = "hf"
     """Inference engine: ``hf`` (transformers, CPU default) or ``vllm`` (GPU)."""
@@ -150,10 +171,14 @@ class RolloutConfig(Section):
     @field_validator("engine_kwargs")
     @classmethod
     def _known_engines(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        unknown = set(value) - {"vllm", "hf", "sglang"}
+        unknown = set(value) - {"vllm", "hf", *VERL_ONLY_ENGINES}
         if unknown:
             raise ValueError(f"engine_kwargs has unknown engine(s) {sorted(unknown)}; expected vllm or hf")
-        return {"vllm": {}, "hf": {}, **{k: dict(v or {}) for k, v in value.items()}}
+        for engine in VERL_ONLY_ENGINES:
+            if value.get(engine):
+                warnings.warn(f"actor_rollout_ref.rollout.engine_kwargs.{engine}: tandem-rl has no {engine} engine; "
+                              "ignored", ConfigWarning, stacklevel=2)
+        return {"vllm": {}, "hf": {}, **{k: dict(v or {}) for k, v in value.items() if k not in VERL_ONLY_ENGINES}}
 
     @property
     def tool_call_parser(self) -> str | None:

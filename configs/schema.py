@@ -42,7 +42,7 @@ class TandemConfig(Section):
     """One experiment: verl's sections plus tandem-rl's serve/stream/tools/tracking/sft."""
 
     VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
-        {"critic", "ray_kwargs", "ray_init", "global_profiler",
+        {"sandbox_fusion", "skip", "critic", "ray_kwargs", "ray_init", "global_profiler",
          "transfer_queue", "model_engine", "hydra", "defaults", "distillation"}
     )
 

@@ -17,8 +17,20 @@ class AlgorithmConfig(Section):
          "rollout_is_veto_threshold", "bypass_mode"}
     )
 
+    NO_EFFECT: ClassVar[dict[str, str]] = {
+        "gamma": "GRPO's advantage is the group-normalized outcome reward (no discounting, as in verl's GRPO)",
+        "lam": "GRPO has no GAE (as in verl's GRPO)"}
+
     adv_estimator: Literal["grpo"] = "grpo"
     """Advantage estimator; tandem-rl implements GRPO (verl ``compute_grpo_outcome_advantage``)."""
+
+    @field_validator("adv_estimator", mode="before")
+    @classmethod
+    def _grpo_only(cls, value: Any) -> Any:
+        if value != "grpo":
+            raise ValueError(f"{value!r}: tandem-rl trains critic-free GRPO only (verl's default in its full config is "
+                             "gae, PPO with a critic); set algorithm.adv_estimator=grpo")
+        return value
     norm_adv_by_std_in_grpo: bool = True
     """Divide group-centred rewards by the group std (False = Dr. GRPO)."""
     use_kl_in_reward: bool = False
@@ -40,11 +52,15 @@ class AlgorithmConfig(Section):
 
 class DataConfig(Section):
     VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
-        {"tokenizer", "use_shm", "dataloader_num_workers", "image_key", "video_key", "custom_cls", "sampler",
+        {"function_tool_path", "return_raw_input_ids", "audio_key", "mm_processor_kwargs", "tokenizer", "use_shm",
+         "dataloader_num_workers", "image_key", "video_key", "custom_cls", "sampler",
          "datagen", "return_full_prompt", "return_multi_modal_inputs", "filter_overlong_prompts_workers",
          "trust_remote_code", "apply_chat_template_kwargs", "gen_batch_size", "validation_shuffle",
          "seed", "tool_config_path", "max_samples", "train_max_samples", "val_max_samples", "image_patch_size"}
     )
+    ONLY_DEFAULT: ClassVar[dict[str, str]] = {
+        "prompt_key": "rows keep their chat messages under 'prompt' (verl's RLHFDataset layout); rename the column",
+        "reward_fn_key": "rewards are chosen by each row's 'data_source' (or custom_reward_function); rename the column"}
 
     train_files: str | list[str] = "data/gsm8k/train.parquet"
     """Training rows (parquet or jsonl), one file or a list."""
@@ -94,7 +110,8 @@ class DataConfig(Section):
 
 class TrainerConfig(Section):
     VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
-        {"critic_warmup", "balance_batch", "ray_wait_register_center_timeout", "profile_steps", "esi_redundant_time", "del_local_ckpt_after_load",
+        {"checkpoint_callback_class", "default_hdfs_dir", "use_v1", "v1", "critic_warmup", "balance_batch",
+         "ray_wait_register_center_timeout", "profile_steps", "esi_redundant_time", "del_local_ckpt_after_load",
          "max_critic_ckpt_to_keep", "use_legacy_worker_impl", "npu_profile", "controller_nsight_options",
          "worker_nsight_options", "profile_continuous_steps", "generations_to_dump",
          "log_freq", "use_prefix_grouper"}

@@ -19,7 +19,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -79,6 +79,8 @@ class AgentWorkerSpec:
     max_concurrent_episodes: int = 64
     openai_base_url: str = ""
     max_generate_retries: int = 3  # a generate whose replica died goes to another replica this many times
+    tool_env: dict[str, Any] = field(default_factory=dict)  # tools.env: into every tool's config
+    tool_max_concurrency: int | None = None  # tools.max_concurrency: tool calls in flight per worker
     # a user's verl-style reward function: (file, function name, reward_kwargs); None = the built-in rewards
     reward_function: tuple[str, str, dict[str, Any]] | None = None
 
@@ -97,7 +99,9 @@ class AgentWorkerSpec:
             ),
             n=rollout.n,
             parser_format=rollout.multi_turn.format,
-            tool_config_path=rollout.multi_turn.tool_config_path,
+            tool_config_path=cfg.tool_config_path,  # multi_turn.tool_config_path, else tools.config_path
+            tool_env=dict(cfg.tools.env),
+            tool_max_concurrency=cfg.tools.max_concurrency,
             default_agent_loop=rollout.agent.default_agent_loop,
             max_concurrent_episodes=rollout.agent.max_concurrent_episodes,
             openai_base_url=openai_base_url,
@@ -158,7 +162,8 @@ class AgentWorkerImpl:
             chat=ChatDelta(tokenizer),
             parse=partial(parse_tool_calls, fmt=spec.parser_format),
             limits=spec.limits,
-            tools=load_tools(spec.tool_config_path) if spec.tool_config_path else {},
+            tools=load_tools(spec.tool_config_path, spec.tool_env) if spec.tool_config_path else {},
+            tool_slots=asyncio.Semaphore(spec.tool_max_concurrency) if spec.tool_max_concurrency else None,
             tracer=tracer_factory() if tracer_factory is not None else NullTracer(),
             **({} if spec.reward_function is None else {"reward": custom_reward(load_custom_reward(*spec.reward_function))}),
             run_id=self.run_id,

@@ -20,6 +20,7 @@ Budget rules (all in tokens):
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import inspect
 import logging
@@ -72,6 +73,8 @@ class AgentContext:
     run_id: str = ""
     openai_base_url: str = ""
     """The rollout app's OpenAI endpoint (``http://host:port``), for loops that speak OpenAI (langgraph_sql)."""
+    tool_slots: asyncio.Semaphore | None = None
+    """Tool calls in flight across the worker's episodes (``tools.max_concurrency``); None = no bound."""
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ def _langchain_tool(ctx: AgentContext, tool: Tool, instance_id: str) -> Structur
     async def call(**arguments: Any) -> str:
         (result,) = await run_tool_calls(
             {tool.name: tool}, instance_id, [ToolCall(tool.name, dict(arguments))], max_parallel_calls=1,
-            timeout_s=ctx.limits.tool_timeout_s, spans=EpisodeSpans(ctx.tracer, None),
+            timeout_s=ctx.limits.tool_timeout_s, spans=EpisodeSpans(ctx.tracer, None), slots=ctx.tool_slots,
         )
         return result.content
 

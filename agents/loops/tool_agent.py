@@ -54,6 +54,7 @@ class ToolAgentLoop(AgentLoop):
         results = await run_tool_calls(
             self.ctx.tools, self.episode.trajectory_id, parsed.calls,
             max_parallel_calls=limits.max_parallel_calls, timeout_s=limits.tool_timeout_s, spans=self.spans,
+            slots=self.ctx.tool_slots,
         )
         self.p.add("tool_s", sum(r.latency_s for r in results))
         self.p.add("num_tool_timeouts", sum(1 for r in results if r.error and r.error.startswith(TIMEOUT_PREFIX % r.name)))

@@ -45,7 +45,8 @@ def error_message(text: str) -> str:
 
 
 async def _run_one(
-    tools: Mapping[str, Tool], instance_id: str, call: ToolCall, timeout_s: float, spans: EpisodeSpans
+    tools: Mapping[str, Tool], instance_id: str, call: ToolCall, timeout_s: float, spans: EpisodeSpans,
+    slots: asyncio.Semaphore | None = None,
 ) -> ToolResult:
     span = spans.start(f"tool:{call.name}", "TOOL", {"name": call.name, "arguments": call.arguments})
     started = time.perf_counter()
@@ -56,7 +57,11 @@ async def _run_one(
         error = f"unknown tool {call.name!r}; available tools: {', '.join(sorted(tools)) or 'none'}"
     else:
         try:
-            content = await asyncio.wait_for(tool.execute(instance_id, call.arguments), timeout=timeout_s)
+            if slots is None:
+                content = await asyncio.wait_for(tool.execute(instance_id, call.arguments), timeout=timeout_s)
+            else:  # tools.max_concurrency: a call waits for a slot; the timeout counts from when it runs
+                async with slots:
+                    content = await asyncio.wait_for(tool.execute(instance_id, call.arguments), timeout=timeout_s)
         except asyncio.TimeoutError:
             error = f"{TIMEOUT_PREFIX % call.name} after {timeout_s:g} s"
         except ToolError as exc:
@@ -82,13 +87,14 @@ async def run_tool_calls(
     max_parallel_calls: int,
     timeout_s: float,
     spans: EpisodeSpans,
+    slots: asyncio.Semaphore | None = None,
 ) -> list[ToolResult]:
     """Run the first ``max_parallel_calls`` calls concurrently; later calls get an error result.
 
     Results come back in call order, so tool messages line up with the calls the model wrote.
     """
     allowed = list(calls[:max_parallel_calls])
-    results = await asyncio.gather(*(_run_one(tools, instance_id, c, timeout_s, spans) for c in allowed))
+    results = await asyncio.gather(*(_run_one(tools, instance_id, c, timeout_s, spans, slots) for c in allowed))
     for call in calls[max_parallel_calls:]:
         error = f"too many tool calls in one turn: at most {max_parallel_calls} run, {call.name!r} was skipped"
         results.append(ToolResult(name=call.name, content=error_message(error), error=error, call_id=call.id))

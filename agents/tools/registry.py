@@ -85,7 +85,7 @@ def _read_config(path_or_dict: str | Path | Mapping[str, Any]) -> Mapping[str, A
     return loaded
 
 
-def _build(index: int, entry: Any) -> Tool:
+def _build(index: int, entry: Any, extra_config: Mapping[str, Any]) -> Tool:
     where = f"tools[{index}]"
     if not isinstance(entry, Mapping) or not isinstance(entry.get("class_name"), str):
         raise ValueError(f"{where}: expected a mapping with a string 'class_name', got {entry!r}")
@@ -97,6 +97,7 @@ def _build(index: int, entry: Any) -> Tool:
     config, schema = entry.get("config") or {}, entry.get("tool_schema")
     if not isinstance(config, Mapping):
         raise ValueError(f"{where}: 'config' must be a mapping, got {type(config).__name__}")
+    config = {**extra_config, **config}  # tools.env under the entry's own config
     if schema is not None:
         function = schema.get("function") if isinstance(schema, Mapping) else None
         name = function.get("name") if isinstance(function, Mapping) else None
@@ -109,15 +110,17 @@ def _build(index: int, entry: Any) -> Tool:
     return cls(dict(config), dict(schema) if schema is not None else None)
 
 
-def load_tools(path_or_dict: str | Path | Mapping[str, Any]) -> dict[str, Tool]:
-    """Build every tool in a verl-style tool config, keyed by the schema's function name."""
+def load_tools(path_or_dict: str | Path | Mapping[str, Any],
+               extra_config: Mapping[str, Any] | None = None) -> dict[str, Tool]:
+    """Build every tool in a verl-style tool config, keyed by the schema's function name; ``extra_config``
+    (``tools.env``) goes into every tool's config, under the entry's own keys."""
     config = _read_config(path_or_dict)
     entries = config.get("tools")
     if not isinstance(entries, list):
         raise ValueError(f"tool config: 'tools' must be a list, got {type(entries).__name__}")
     tools: dict[str, Tool] = {}
     for index, entry in enumerate(entries):
-        tool = _build(index, entry)
+        tool = _build(index, entry, extra_config or {})
         if tool.name in tools:
             raise ValueError(f"tools[{index}]: duplicate tool name {tool.name!r}")
         tools[tool.name] = tool

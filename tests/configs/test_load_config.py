@@ -85,9 +85,10 @@ def test_unimplemented_verl_key_warns_once_and_loads():
     with pytest.warns(ConfigWarning) as record:
         cfg = load_config({"trainer": {"critic_warmup": 0, "balance_batch": True}, "critic": {"ppo_epochs": 1}})
     messages = [str(w.message) for w in record]
-    assert sum("trainer.critic_warmup" in m for m in messages) == 1
-    assert sum("trainer.balance_batch" in m for m in messages) == 1
-    assert sum(m.startswith("critic:") for m in messages) == 1
+    # one warning per section that has any, naming its keys (verl's full config has hundreds)
+    assert [m for m in messages if m.startswith("trainer:")] == [
+        "trainer: verl keys accepted but not implemented by tandem-rl; ignored: critic_warmup, balance_batch"]
+    assert sum(m.endswith("ignored: critic") for m in messages) == 1
     assert cfg.trainer.experiment_name == "run"
 
 

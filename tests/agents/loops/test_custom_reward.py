@@ -58,7 +58,7 @@ def test_an_async_reward_is_awaited_and_bad_paths_fail_by_name(reward_file, qwen
 
 
 def test_verl_09s_reward_section_and_its_other_keys_warn():
-    with pytest.warns(UserWarning, match="reward.num_workers: verl key accepted but not implemented"):
+    with pytest.warns(UserWarning, match="reward: verl key accepted but not implemented by tandem-rl; ignored: num_workers"):
         cfg = load_config(None, ["reward.custom_reward_function.path=/x/r.py", "reward.num_workers=8"])
     assert cfg.reward_function.path == "/x/r.py"
     top = load_config(None, ["reward.custom_reward_function.path=/x/r.py", "custom_reward_function.path=/y/r.py"])
