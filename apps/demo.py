@@ -164,4 +164,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from apps.driver import cli
+
+    sys.exit(cli(main))

@@ -47,6 +47,41 @@ def connect_ray(cfg: TandemConfig) -> None:
              logging_config=ray.LoggingConfig(log_level="WARNING"), runtime_env={"env_vars": env})
 
 
+class ResourceError(RuntimeError):
+    """The run cannot be placed on the cluster (``check_resources``)."""
+
+
+def cli(main: Any) -> int:
+    """Run a command-line entry point: a mistake in the config, the data, a path or the resource plan prints one
+    ``error: …`` line (the key, row or path, and the fix) and exits 2, without a traceback unless ``--debug`` or
+    ``TANDEM_DEBUG=1``; config warnings print as ``warning: …`` (their message names the key), not as a library
+    frame."""
+    import sys
+
+    from agents.data.rows import DataError
+    from agents.data.truncation import PromptTooLongError
+    from configs import ConfigError, ConfigWarning
+
+    debug = "--debug" in sys.argv[1:] or os.environ.get("TANDEM_DEBUG") == "1"
+    if "--debug" in sys.argv[1:]:
+        sys.argv.remove("--debug")
+    original = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, ConfigWarning) and not debug:
+            print(f"warning: {message}", file=sys.stderr)
+        else:
+            original(message, category, filename, lineno, file, line)
+    warnings.showwarning = show
+    try:
+        return main()
+    except (ConfigError, DataError, PromptTooLongError, ResourceError, FileNotFoundError) as exc:
+        if debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
 INGRESS_CPUS = 0.1  # the OpenAI ingress deployment's one replica (deployments/openai_ingress.py)
 
 
@@ -88,7 +123,7 @@ def check_resources(cfg: TandemConfig, *, deploy_rollout: bool, learner: bool = 
     if short:
         lines = "\n".join(f"  {name}: " + ", ".join(f"{v:g} {k}" for k, v in need.items() if v)
                           for name, need in plan.items())
-        raise RuntimeError(
+        raise ResourceError(
             f"the run does not fit the cluster: {'; '.join(short)}. Demand by part:\n{lines}\n"
             "Lower serve.max_replicas or serve.num_cpus_per_replica (rollout), or trainer.n_gpus_per_node "
             "(learner workers), or add nodes.")

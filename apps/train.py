@@ -214,4 +214,6 @@ def _tracer_factory(cfg: TandemConfig, run_id: str):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from apps.driver import cli
+
+    sys.exit(cli(main))
