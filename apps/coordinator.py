@@ -120,7 +120,8 @@ class Coordinator:
         worker = min(live, key=self.busy.__getitem__)
         self.busy[worker] += 1
         group_id = f"{self.run_id}-g{index}-r{row.extra_info.index}" + ("-again" if again else "")
-        call = self.workers[worker].run_rows.remote([row], step=index, group_ids=[group_id])
+        # step: the policy version that admitted the group (traces are tagged and capped per step), not the row index
+        call = self.workers[worker].run_rows.remote([row], step=ticket.version, group_ids=[group_id])
         self._in_flight[ticket.id] = (group_id, call)
         task = asyncio.create_task(self._run_group(worker, index, row, ticket, call, again=again is not None))
         self._tasks.add(task)
