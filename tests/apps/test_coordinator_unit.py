@@ -193,3 +193,24 @@ def test_every_worker_dead_stops_the_run_with_an_error():
         assert coordinator.failure() == "every agent worker died" and buffer.closed
         assert stats["groups/admitted"] == stats["groups/failed"] + stats["groups/in_flight"]
     asyncio.run(body())
+
+
+def test_groups_carry_the_policy_version_that_admitted_them_as_their_step():
+    """Traces are tagged and capped per training step: the step a group carries is its admission version."""
+    async def body():
+        steps = []
+
+        async def run_rows(rows, step, group_ids):
+            steps.append(step)
+            await asyncio.sleep(3600)
+
+        worker = type("Worker", (), {"run_rows": Remote(run_rows)})()
+        coordinator = Coordinator(rows(20), [worker], FakeBuffer(), AdmissionController(2, 0))
+        task = asyncio.create_task(coordinator.run())
+        await asyncio.sleep(0.05)
+        await coordinator.on_publish(1)
+        await asyncio.sleep(0.05)
+        coordinator.stop()
+        await asyncio.wait_for(task, 5)
+        assert steps == [0, 0, 1, 1]  # (0 + 0 + 1) × 2 at version 0, two more at version 1
+    asyncio.run(body())
