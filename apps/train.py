@@ -30,7 +30,7 @@ from apps.progress import Reporter, StepLog, final_paths
 from apps.rollout import attach_rollout_app, delete_rollout_app, deploy_rollout_app, deployed_apps
 from apps.tracking import RunTracker
 from apps.validation import Validator
-from configs import TandemConfig, load_config
+from configs import ConfigError, TandemConfig, load_config
 from deployments.agent_workers import AgentWorker, AgentWorkerSpec
 from trainers.admission import AdmissionController
 from trainers.buffer import TrajectoryBuffer
@@ -100,6 +100,14 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
     val_rows = load_training_rows(cfg, tokenizer, schemas, cfg.data.val_paths) if cfg.data.val_paths else []
     batch = cfg.data.train_batch_size
     total_steps = cfg.trainer.total_training_steps or max(1, cfg.trainer.total_epochs * len(rows) // batch)
+    # A run resumed from a checkpoint continues its data cursor (the rows of the steps already trained are not
+    # started again) and its admission bound from the restored version, which the learner publishes first.
+    resume = None if cfg.trainer.val_only else resume_point(cfg)
+    if resume and resume["step"] >= total_steps:
+        raise ConfigError(
+            f"run {run_dir} is already at step {resume['step']} of trainer.total_training_steps={total_steps}: nothing "
+            "to train. Pass a new trainer.experiment_name or trainer.default_local_dir for a new run, raise "
+            "trainer.total_training_steps to continue it, or trainer.resume_mode=disable to start over")
 
     # 2. Rollout engines: attach to an app deployed with `serve deploy`, or deploy it; version 0 = the start policy.
     base = AdapterRef(version=0, path=model.lora_adapter_path or "")
@@ -130,9 +138,6 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
         log.warning("stream.max_staleness=%d: tokens sampled by older policy versions are trained without an "
                     "importance correction; set actor_rollout_ref.actor.tis_imp_ratio_cap (e.g. 2.0) to reweight "
                     "them by their behaviour log-probs", stream.max_staleness)
-    # A run resumed from a checkpoint continues its data cursor (the rows of the steps already trained are not
-    # started again) and its admission bound from the restored version, which the learner publishes first.
-    resume = resume_point(cfg)
     if resume:
         print(f"resuming from the step-{resume['step']} checkpoint (policy version {resume['policy_version']}) in "
               f"{run_dir / 'ray_train'}")
