@@ -90,16 +90,19 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, base
 
 
 def test_streaming_run(tmp_path, tiny_model_dir, train_rows):
-    """Also verl's extension points as a verl user writes them: a BaseTool subclass named in the tool config and a
-    custom_reward_function file (with reward_kwargs) that scores every episode."""
+    """Also verl's extension points as a verl user writes them: a BaseTool subclass named in the tool config, a
+    custom_reward_function file (with reward_kwargs) that scores every episode, and data.truncation=left."""
     (tmp_path / "tools.yaml").write_text(VERL_TOOLS)
     (tmp_path / "reward.py").write_text(REWARD)
     proc, run_dir = _train(tmp_path, tiny_model_dir, train_rows, "stream.enabled=true", "stream.max_staleness=1",
                            f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tmp_path / 'tools.yaml'}",
                            f"custom_reward_function.path={tmp_path / 'reward.py'}",
-                           "custom_reward_function.reward_kwargs={base: 0.5}", "data.max_prompt_length=384")
+                           "custom_reward_function.reward_kwargs={base: 0.5}", "data.truncation=left")
     lines = _check_run(run_dir, tmp_path / "mlruns.db")
     assert all(row["reward/mean"] == 0.75 and row["reward/acc"] == 1.0 for row in lines)  # the user's function
+    # the second tool's schema makes every prompt longer than max_prompt_length (256): cut from the left, said once
+    said = [line for line in (proc.stdout + proc.stderr).splitlines() if "data.truncation=left: row" in line]
+    assert len(said) == 1 and "cut to 256" in said[0], said
     for row in lines:  # the bias metrics of every step; nothing is abandoned by default
         assert 0 <= row["long_share/trained"] <= 1 and row["tokens/generated_per_trained"] > 0
         assert row["groups/aborted_in_flight"] == 0 and row["staleness/token_mean"] <= row["staleness/max"]

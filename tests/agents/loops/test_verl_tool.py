@@ -59,3 +59,35 @@ def test_a_verl_tool_without_a_schema_and_an_unknown_path_fail_naming_the_entry(
         load_tools({"tools": [{"class_name": "no_such_pkg.Tool"}]})
     with pytest.raises(ValueError, match="neither a tandem-rl Tool nor a verl BaseTool"):
         load_tools({"tools": [{"class_name": "agents.tools.registry.load_tools"}]})
+
+
+def test_a_row_in_verls_gsm8k_multiturn_layout_trains_with_the_gsm8k_tool(qwen_tokenizer):
+    """A row as verl's examples/data_preprocess/gsm8k_multiturn_w_tool.py writes it (system + user prompt,
+    extra_info with split, index, need_tools_kwargs, tools_kwargs.calc_gsm8k_reward.create_kwargs and
+    interaction_kwargs) loads, and its episode is scored by the GSM8K tool with the row's ground truth."""
+    from agents.data.rows import DatasetRow
+    from agents.loops import episodes_for_row
+    from agents.records import SamplingParams
+    from agents.tools.gsm8k import Gsm8kTool
+
+    question = "Natalia sold clips to 48 of her friends in April, and then half as many in May. How many in total?"
+    row = DatasetRow.model_validate({
+        "data_source": "openai/gsm8k",
+        "prompt": [{"role": "system", "content": "You are a math expert. Use the calc_gsm8k_reward tool."},
+                   {"role": "user", "content": question + " Let's think step by step and output the final answer "
+                                                          "after `####`."}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": "72"},
+        "extra_info": {"split": "train", "index": 0, "answer": "48/2 = 24; 48 + 24 = 72\n#### 72", "question": question,
+                       "need_tools_kwargs": True,
+                       "tools_kwargs": {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "72"}}},
+                       "interaction_kwargs": {"query": question, "ground_truth": "72"}},
+    })
+    (episode,) = episodes_for_row(row, 1, SamplingParams(seed=1), group_id="g0", step=0,
+                                  default_agent_loop="tool_agent")
+    assert episode.tools_kwargs == {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "72"}}}
+    turns = [say(qwen_tokenizer, call_text("calc_gsm8k_reward", '{"answer": "72"}')), say(qwen_tokenizer, "Done.")]
+    tool = Gsm8kTool()
+    ctx, _ = make_context(qwen_tokenizer, turns, [tool])
+    traj = asyncio.run(ToolAgentLoop(ctx, episode).run()).trajectory
+    assert traj.num_tool_calls == 1 and traj.reward == 1.0  # scored by the tool with the row's create_kwargs
