@@ -21,12 +21,13 @@ import os
 import time
 import uuid
 from collections import OrderedDict
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any, Literal
 
 from fastapi import FastAPI, Header, HTTPException, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
@@ -58,6 +59,70 @@ class ChatCompletionRequest(BaseModel):
     seed: int | None = None
     n: Literal[1] = 1
     stream: Literal[False] = False
+    stop: str | list[str] | None = None
+    """Up to 4 strings: the answer ends before the first one (the recorded ids end with the token that completed
+    it). Applied to the decoded text after sampling: the engine's token stops are EOS only."""
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=0)
+    """Only 0: the engines return the sampled token's log-prob, not the alternatives."""
+    return_token_ids: bool = False
+    """vLLM's extension: ``prompt_token_ids`` and each choice's ``token_ids`` in the response."""
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value: str | list[str] | None) -> list[str]:
+        stops = [value] if isinstance(value, str) else list(value or [])
+        if len(stops) > 4 or any(not s for s in stops):
+            raise ValueError("stop: at most 4 non-empty strings")
+        return stops
+
+    @field_validator("messages")
+    @classmethod
+    def _messages(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for index, message in enumerate(value):
+            role = message.get("role")
+            if role not in MESSAGE_ROLES:
+                raise ValueError(f"messages[{index}].role {role!r} is not one of {', '.join(MESSAGE_ROLES)}")
+            content = message.get("content")
+            parts_ok = isinstance(content, list) and all(
+                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content)
+            if not (content is None or isinstance(content, str) or parts_ok):
+                raise ValueError(f"messages[{index}].content must be a string or a list of text parts, got "
+                                 f"{type(content).__name__}" + (" with non-text parts" if isinstance(content, list) else ""))
+            if content is None and not (role == "assistant" and message.get("tool_calls")):
+                raise ValueError(f"messages[{index}]: content is required (only an assistant message with tool_calls "
+                                 "may omit it)")
+        return value
+
+
+MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def apply_stop(ids: tuple[int, ...], logprobs: tuple[float, ...], tokenizer: Any,
+               stops: list[str]) -> tuple[tuple[int, ...], tuple[float, ...], str | None]:
+    """The sampled ids up to the token that completes the first stop string (all of them when none occurs), their
+    log-probs, and the text before that stop (None: no stop occurred)."""
+    if not stops:
+        return ids, logprobs, None
+    text = tokenizer.decode(list(ids), skip_special_tokens=False)
+    hits = [(text.find(s), s) for s in stops if s in text]
+    if not hits:
+        return ids, logprobs, None
+    at = min(position for position, _ in hits)
+    for k in range(1, len(ids) + 1):  # the shortest prefix of tokens whose text holds a stop string
+        if any(s in tokenizer.decode(list(ids[:k]), skip_special_tokens=False) for s in stops):
+            return ids[:k], logprobs[:k], text[:at]
+    return ids, logprobs, text[:at]
+
+
+def logprobs_content(ids: tuple[int, ...], logprobs: tuple[float, ...], tokenizer: Any) -> dict[str, Any]:
+    """OpenAI's ``choices[].logprobs``: each sampled token, its log-prob and bytes (no alternatives)."""
+    content = []
+    for token_id, logprob in zip(ids, logprobs):
+        token = tokenizer.decode([token_id], skip_special_tokens=False)
+        content.append({"token": token, "logprob": float(logprob), "bytes": list(token.encode("utf-8")),
+                        "top_logprobs": []})
+    return {"content": content}
 
 
 def _flatten_content(message: dict[str, Any]) -> dict[str, Any]:
@@ -133,6 +198,17 @@ async def _openai_error(request: Request, exc: HTTPException) -> JSONResponse:
     )
 
 
+@app.exception_handler(RequestValidationError)
+async def _openai_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    # FastAPI answers a bad body with 422 and {"detail": [...]}; OpenAI with 400 and one message naming the field.
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        parts.append(f"{where}: {str(err.get('msg', '')).removeprefix('Value error, ')}" if where else err.get("msg"))
+    return JSONResponse(status_code=400, content={"error": {
+        "message": "; ".join(parts), "type": "invalid_request_error", "code": 400}})
+
+
 @serve.deployment(name="OpenAIIngress", num_replicas=1, ray_actor_options={"num_cpus": 0.1})
 @serve.ingress(app)
 class OpenAIIngress:
@@ -189,18 +265,31 @@ class OpenAIIngress:
             raise HTTPException(400, str(getattr(exc, "cause", exc))) from None
         if result.finish_reason == "abort":
             raise HTTPException(503, f"request {completion_id} was aborted by the engine")
+        ids, logprobs, before_stop = apply_stop(result.token_ids, result.logprobs, self.tokenizer, body.stop)
+        if before_stop is not None:
+            result = replace(result, token_ids=ids, logprobs=logprobs, finish_reason="stop",
+                             token_versions=result.token_versions[:len(ids)])
         if x_session_id:
             self._record(x_session_id, SessionCall(prompt_ids, result.token_ids, result.logprobs,
                                                    result.policy_version, result.finish_reason))
         parse_tools = bool(body.tools) and body.tool_choice != "none"
         message = completion_message(result.token_ids, self.tokenizer, self.parser, parse_tools)
-        return build_chat_completion(
+        if before_stop is not None:  # the stop string and what the last token carried past it are not content
+            message = {"role": "assistant", "content": before_stop} if not message.get("tool_calls") else message
+        response = build_chat_completion(
             completion_id=completion_id,
             model=body.model or self.served_model_name,
             prompt_len=len(prompt_ids),
             result=result,
             message=message,
         )
+        choice = response["choices"][0]
+        if body.logprobs:
+            choice["logprobs"] = logprobs_content(result.token_ids, result.logprobs, self.tokenizer)
+        if body.return_token_ids:
+            response["prompt_token_ids"] = list(prompt_ids)
+            choice["token_ids"] = list(result.token_ids)
+        return response
 
     @app.get("/v1/sessions/{session_id}")
     async def get_session(self, session_id: str, authorization: str | None = Header(default=None)) -> dict[str, Any]:

@@ -95,3 +95,20 @@ def test_tool_call_in_the_answer_comes_back_as_tool_calls(rollout_app, tool_call
     )
     assert plain.choices[0].message.tool_calls is None
     assert plain.choices[0].finish_reason in ("stop", "length")
+
+
+def test_logprobs_token_ids_and_errors_in_openais_shape(rollout_app):
+    url = f"{rollout_app.base_url}/chat/completions"
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0,
+            "logprobs": True, "return_token_ids": True}
+    reply = httpx.post(url, json=body, headers={**_auth(rollout_app), "x-session-id": "sess-lp"}, timeout=120).json()
+    choice = reply["choices"][0]
+    [call] = rollout_app.ingress.pop_session.remote("sess-lp").result()
+    assert choice["token_ids"] == list(call.response_ids) and reply["prompt_token_ids"] == list(call.prompt_ids)
+    assert [c["logprob"] for c in choice["logprobs"]["content"]] == pytest.approx(list(call.logprobs))
+    for bad, said in (({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role 'wizard'"),
+                      ({"stream": True}, "stream"), ({"n": 2}, "n")):
+        response = httpx.post(url, json={**body, **bad}, headers=_auth(rollout_app), timeout=60)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert said in error["message"] and error["type"] == "invalid_request_error"

@@ -1,6 +1,7 @@
 """Building OpenAI chat completions from sampled token ids (the ingress's pure functions)."""
 
 import json
+import re
 
 import pytest
 from transformers import AutoTokenizer
@@ -63,3 +64,35 @@ def test_request_model_rejects_unsupported_options():
     for bad in ({"n": 2}, {"stream": True}, {"tool_choice": "required"}, {"temperature": -1}):
         with pytest.raises(ValueError):
             ChatCompletionRequest.model_validate({**base, **bad})
+
+
+def test_stop_strings_cut_the_answer_and_the_recorded_ids_end_at_the_stop(qwen_tokenizer):
+    from deployments.openai_ingress import apply_stop
+
+    text = "Thought: look it up\nAction: search\nObservation: 42 apples\nThought: done"
+    ids = tuple(qwen_tokenizer.encode(text, add_special_tokens=False))
+    logprobs = tuple(-float(i) for i in range(len(ids)))
+    kept, kept_lp, before = apply_stop(ids, logprobs, qwen_tokenizer, ["Observation:", "never"])
+    assert before == "Thought: look it up\nAction: search\n"
+    decoded = qwen_tokenizer.decode(list(kept))
+    assert "Observation:" in decoded and "42" not in decoded  # up to the token that completed the stop, no further
+    assert kept_lp == logprobs[:len(kept)]
+    assert apply_stop(ids, logprobs, qwen_tokenizer, ["absent"]) == (ids, logprobs, None)
+
+
+def test_logprobs_and_token_ids_extensions_and_message_checks(qwen_tokenizer):
+    from deployments.openai_ingress import logprobs_content
+
+    ids = tuple(qwen_tokenizer.encode("Hello there", add_special_tokens=False))
+    content = logprobs_content(ids, tuple(-0.25 for _ in ids), qwen_tokenizer)["content"]
+    assert "".join(c["token"] for c in content) == "Hello there" and all(c["logprob"] == -0.25 for c in content)
+    base = {"messages": [{"role": "user", "content": "hi"}]}
+    assert ChatCompletionRequest.model_validate({**base, "stop": "X"}).stop == ["X"]
+    for bad, said in (({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role 'wizard'"),
+                      ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content must be a string"),
+                      ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+                       "non-text parts"),
+                      ({**base, "stop": ["a", "b", "c", "d", "e"]}, "at most 4"),
+                      ({**base, "top_logprobs": 3}, "top_logprobs")):
+        with pytest.raises(ValueError, match=re.escape(said)):
+            ChatCompletionRequest.model_validate(bad)
