@@ -74,8 +74,9 @@ class Outcome:
             return (self.injected and self.codes == [0] and full and rising,
                     "exit 0, all steps, policy versions strictly increasing")
         if self.fault == "agent_worker":
-            return (self.injected and self.codes == [0] and full and self.mentions < 100,
-                    "exit 0, all steps, failed <= groups it held, < 100 log lines")
+            # its groups are re-dispatched, so none should fail (stricter than "failed <= groups it held")
+            return (self.injected and self.codes == [0] and full and self.failed == 0 and self.mentions < 100,
+                    "exit 0, all steps, 0 failed (its groups re-dispatched), < 100 log lines")
         if self.fault == "over_asked":
             return (self.codes[:1] != [0] and self.wall_s < 60 and "CPUs asked" in self.output,
                     "non-zero exit within 60 s naming CPUs asked vs available")
