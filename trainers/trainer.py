@@ -17,7 +17,7 @@ from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig,
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from configs import TandemConfig
-from trainers.worker import LEARNER_METRICS, WorkerSpec, train_loop_per_worker
+from trainers.worker import LEARNER_METRICS, WorkerSpec, newest_checkpoint_on_disk, train_loop_per_worker
 
 
 def use_gpu(device: str) -> bool:
@@ -77,14 +77,15 @@ def resume_point(cfg: TandemConfig) -> dict[str, int] | None:
         return None
     if trainer.resume_mode == "resume_path":
         folder = Path(trainer.resume_from_path or "")
-    else:
-        snapshot = Path(trainer.run_dir).resolve() / "ray_train" / trainer.experiment_name / "checkpoint_manager_snapshot.json"
-        if not snapshot.is_file():
+    else:  # the same choice the worker makes: Ray Train's newest registered checkpoint, or a newer one on disk
+        storage = Path(trainer.run_dir).resolve() / "ray_train" / trainer.experiment_name
+        snapshot = storage / "checkpoint_manager_snapshot.json"
+        results = json.loads(snapshot.read_text()).get("checkpoint_results") or [] if snapshot.is_file() else []
+        registered = storage / results[-1]["checkpoint_dir_name"] if results else None  # report order: last = newest
+        on_disk = newest_checkpoint_on_disk(trainer.run_dir, trainer.experiment_name)
+        folder = on_disk if on_disk is not None and (registered is None or registered.name < on_disk.name) else registered
+        if folder is None:
             return None
-        results = json.loads(snapshot.read_text()).get("checkpoint_results") or []
-        if not results:
-            return None
-        folder = snapshot.parent / results[-1]["checkpoint_dir_name"]  # in report order: the last is the newest
     state_file = folder / "state.pt"
     if not state_file.is_file():
         raise FileNotFoundError(f"trainer.resume_mode={trainer.resume_mode}: no state.pt in {folder}")

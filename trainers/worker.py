@@ -95,6 +95,21 @@ def _has_method(handle: Any, name: str) -> bool:
         return False
 
 
+def newest_checkpoint_on_disk(run_dir: str | Path, experiment_name: str) -> Path | None:
+    """The newest ``step_*`` checkpoint folder under the run's Ray Train storage whose ``state.pt`` loads.
+
+    Ray Train registers a reported checkpoint only when its controller next polls the worker; a worker killed in
+    between leaves a complete checkpoint on disk that ``ray.train.get_checkpoint()`` does not know."""
+    folder = Path(run_dir) / "ray_train" / experiment_name
+    for candidate in sorted(folder.glob("step_*"), key=lambda p: p.name, reverse=True):
+        try:
+            torch.load(candidate / "state.pt", map_location="cpu", weights_only=False)["progress"]
+        except Exception:  # noqa: BLE001 - partly written or foreign: try the next older one
+            continue
+        return candidate
+    return None
+
+
 def _checkpoint_to_load(spec: WorkerSpec) -> ray.train.Checkpoint | None:
     mode = spec.trainer.resume_mode
     if mode == "disable":
@@ -103,7 +118,11 @@ def _checkpoint_to_load(spec: WorkerSpec) -> ray.train.Checkpoint | None:
         if not spec.trainer.resume_from_path:
             raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path")
         return ray.train.Checkpoint.from_directory(spec.trainer.resume_from_path)
-    return ray.train.get_checkpoint()
+    registered = ray.train.get_checkpoint()
+    on_disk = newest_checkpoint_on_disk(spec.run_dir, spec.trainer.experiment_name)
+    if on_disk is not None and (registered is None or Path(registered.path).name < on_disk.name):
+        return ray.train.Checkpoint.from_directory(str(on_disk))
+    return registered
 
 
 def _restore(spec: WorkerSpec, model, optimizer, scheduler, rank: int) -> Progress:
