@@ -87,7 +87,6 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
     connect_ray(cfg)
     attached = cfg.serve.app_name in deployed_apps()
     check_resources(cfg, deploy_rollout=not attached, learner=not cfg.trainer.val_only)
-    tracker = RunTracker(cfg, run_dir)
 
     # 1. Rows (training and validation), checked against max_prompt_length with the tool schemas agents render.
     from transformers import AutoTokenizer
@@ -108,6 +107,7 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
             f"run {run_dir} is already at step {resume['step']} of trainer.total_training_steps={total_steps}: nothing "
             "to train. Pass a new trainer.experiment_name or trainer.default_local_dir for a new run, raise "
             "trainer.total_training_steps to continue it, or trainer.resume_mode=disable to start over")
+    tracker = RunTracker(cfg, run_dir)  # after the checks that can refuse the run: no mlflow run left open
 
     # 2. Rollout engines: attach to an app deployed with `serve deploy`, or deploy it; version 0 = the start policy.
     base = AdapterRef(version=0, path=model.lora_adapter_path or "")
