@@ -176,11 +176,14 @@ def _republish_restored(spec: WorkerSpec, model, restored: Progress, rank: int) 
     box: list[Any] = [latest_published(spec.publisher) if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
     latest = int(box[0])
+    start = f"the step-{restored.step} checkpoint" if restored.step else "its initial weights (no checkpoint yet)"
     if latest == restored.policy_version:
+        if latest > 0 and rank == 0:  # inside a run (a new launch finds the replicas at version 0)
+            log.warning("learner restarted from %s (policy version %d), which the replicas already sample", start,
+                        latest)
         return restored  # the replicas sample exactly these weights already
     version = restored.policy_version if latest < restored.policy_version else latest + 1
     if version != restored.policy_version and rank == 0:
-        start = f"the step-{restored.step} checkpoint" if restored.step else "its initial weights (no checkpoint yet)"
         log.warning("learner restarted from %s (policy version %d) while the replicas sample version %d: publishing "
                     "the restored weights as version %d", start, restored.policy_version, latest, version)
     progress = Progress(step=restored.step, policy_version=version)
