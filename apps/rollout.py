@@ -79,6 +79,8 @@ class RolloutAppArgs(BaseModel):
     """Environment variable with the bearer token the OpenAI endpoint requires (unset = open)."""
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Passed to the engine's constructor (``HFEngine`` / ``VLLMEngine``)."""
+    ingress_replicas: int = Field(default=1, ge=1)
+    """Replicas of the OpenAI ingress (HTTP only: they share one session store, so any replica reads any session)."""
 
     @model_validator(mode="after")
     def _replica_bounds(self) -> RolloutAppArgs:
@@ -141,7 +143,8 @@ def build_app(args: dict[str, Any] | RolloutAppArgs) -> Application:
     if token:
         # Forwarded so the ingress replica sees the token wherever the cluster started it.
         ingress_options["runtime_env"] = {"env_vars": {spec_args.api_key_env: token}}
-    ingress = OpenAIIngress.options(name=INGRESS_DEPLOYMENT, ray_actor_options=ingress_options)
+    ingress = OpenAIIngress.options(name=INGRESS_DEPLOYMENT, num_replicas=spec_args.ingress_replicas,
+                                    ray_actor_options=ingress_options)
     return ingress.bind(
         rollout.bind(spec),
         model_path,

@@ -1,40 +1,55 @@
 """OpenAI-compatible HTTP ingress of the rollout app (deployments layer).
 
 ``POST /v1/chat/completions`` renders the messages (and tool schemas) with the tokenizer's chat template,
-calls ``RolloutServer.generate`` token-in/token-out through its handle (the session id is the trajectory
-id, so one agent session stays on one replica), decodes the sampled ids and parses tool calls with the
-configured parser into OpenAI ``tool_calls``. Each call's exact tokens, log-probs and policy version are
-kept under the request's ``x-session-id`` header, so a trainer can collect token-exact trajectories from any
-agent framework that speaks OpenAI (the Agent Lightning pattern): ``GET /v1/sessions/{id}`` reads them,
-the handle method ``pop_session(id)`` reads and drops them. Sessions live in the ingress replica's memory:
-the ingress runs as one replica.
+``POST /v1/completions`` takes a text or token-id prompt; both call ``RolloutServer.generate`` token-in/token-out
+through its handle (the session id is the trajectory id, so one agent session stays on one replica), decode the
+sampled ids and, for chat, parse tool calls with the configured parser into OpenAI ``tool_calls``. ``n`` samples
+go out as ``n`` generate calls; ``stream: true`` answers with server-sent events once the samples are done. Request
+models and every response body are built in ``openai_protocol`` (pure functions).
 
-The response is built by plain functions (``completion_message``, ``build_chat_completion``) that unit
-tests call with given token ids.
+Each call's exact tokens, log-probs and policy version are kept under the request's ``x-session-id`` header, so
+a trainer can collect token-exact trajectories from any agent framework that speaks OpenAI (the Agent Lightning
+pattern): ``GET /v1/sessions/{id}`` reads them, the handle method ``pop_session(id)`` reads and drops them. The
+records live in one ``SessionStore`` actor per app, which every ingress replica writes to and reads from, so the
+ingress can run several replicas.
 """
 
 # No ``from __future__ import annotations`` here: FastAPI must see the real request-model classes on the
 # route signatures (Serve's ingress wrapper cannot resolve string annotations, and the body became a query).
-import json
 import logging
 import os
 import time
 import uuid
 from collections import OrderedDict
 from dataclasses import asdict, replace
-from typing import Any, Literal
+from typing import Any
 
+import ray
 from fastapi import FastAPI, Header, HTTPException, Request
-from fastapi.responses import JSONResponse
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from agents.loops.session_merge import SessionCall
-from agents.parsers import parse_tool_calls, strip_end_markers
 from agents.records import GenerateRequest, GenerateResult, SamplingParams
 from deployments.engines.base import PromptTooLong
+from deployments.openai_protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    Sample,
+    SamplingRequest,
+    apply_stop,
+    build_chat_completion,
+    chat_chunks,
+    flatten_content,
+    logprobs_content,
+    sample_message,
+    sse,
+    text_chunks,
+    text_completion,
+    usage_chunk,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -43,146 +58,26 @@ MAX_SESSIONS = 10_000  # oldest sessions are dropped first when a trainer never 
 SESSION_HEADER = "x-session-id"
 
 
-class ChatCompletionRequest(BaseModel):
-    """The subset of OpenAI's chat completion request this server implements."""
+@ray.remote(num_cpus=0)
+class SessionStore:
+    """The recorded calls of every session of one app, shared by its ingress replicas (an ``OrderedDict``: the
+    least recently written session is dropped first beyond ``max_sessions``)."""
 
-    model_config = ConfigDict(extra="ignore")
+    def __init__(self, max_sessions: int = MAX_SESSIONS) -> None:
+        self.max_sessions = max_sessions
+        self.sessions: OrderedDict[str, list[SessionCall]] = OrderedDict()
 
-    model: str | None = None
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Literal["auto", "none"] | None = None
-    temperature: float = Field(default=1.0, ge=0, le=2)
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    seed: int | None = None
-    n: Literal[1] = 1
-    stream: Literal[False] = False
-    stop: str | list[str] | None = None
-    """Up to 4 strings: the answer ends before the first one (the recorded ids end with the token that completed
-    it). Applied to the decoded text after sampling: the engine's token stops are EOS only."""
-    logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=0)
-    """Only 0: the engines return the sampled token's log-prob, not the alternatives."""
-    return_token_ids: bool = False
-    """vLLM's extension: ``prompt_token_ids`` and each choice's ``token_ids`` in the response."""
+    def record(self, session_id: str, calls: list[SessionCall]) -> None:
+        self.sessions.setdefault(session_id, []).extend(calls)
+        self.sessions.move_to_end(session_id)
+        while len(self.sessions) > self.max_sessions:
+            self.sessions.popitem(last=False)
 
-    @field_validator("stop")
-    @classmethod
-    def _stops(cls, value: str | list[str] | None) -> list[str]:
-        stops = [value] if isinstance(value, str) else list(value or [])
-        if len(stops) > 4 or any(not s for s in stops):
-            raise ValueError("stop: at most 4 non-empty strings")
-        return stops
+    def get(self, session_id: str) -> list[SessionCall] | None:
+        return self.sessions.get(session_id)
 
-    @field_validator("messages")
-    @classmethod
-    def _messages(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        for index, message in enumerate(value):
-            role = message.get("role")
-            if role not in MESSAGE_ROLES:
-                raise ValueError(f"messages[{index}].role {role!r} is not one of {', '.join(MESSAGE_ROLES)}")
-            content = message.get("content")
-            parts_ok = isinstance(content, list) and all(
-                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content)
-            if not (content is None or isinstance(content, str) or parts_ok):
-                raise ValueError(f"messages[{index}].content must be a string or a list of text parts, got "
-                                 f"{type(content).__name__}" + (" with non-text parts" if isinstance(content, list) else ""))
-            if content is None and not (role == "assistant" and message.get("tool_calls")):
-                raise ValueError(f"messages[{index}]: content is required (only an assistant message with tool_calls "
-                                 "may omit it)")
-        return value
-
-
-MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool")
-
-
-def apply_stop(ids: tuple[int, ...], logprobs: tuple[float, ...], tokenizer: Any,
-               stops: list[str]) -> tuple[tuple[int, ...], tuple[float, ...], str | None]:
-    """The sampled ids up to the token that completes the first stop string (all of them when none occurs), their
-    log-probs, and the text before that stop (None: no stop occurred)."""
-    if not stops:
-        return ids, logprobs, None
-    text = tokenizer.decode(list(ids), skip_special_tokens=False)
-    hits = [(text.find(s), s) for s in stops if s in text]
-    if not hits:
-        return ids, logprobs, None
-    at = min(position for position, _ in hits)
-    for k in range(1, len(ids) + 1):  # the shortest prefix of tokens whose text holds a stop string
-        if any(s in tokenizer.decode(list(ids[:k]), skip_special_tokens=False) for s in stops):
-            return ids[:k], logprobs[:k], text[:at]
-    return ids, logprobs, text[:at]
-
-
-def logprobs_content(ids: tuple[int, ...], logprobs: tuple[float, ...], tokenizer: Any) -> dict[str, Any]:
-    """OpenAI's ``choices[].logprobs``: each sampled token, its log-prob and bytes (no alternatives)."""
-    content = []
-    for token_id, logprob in zip(ids, logprobs):
-        token = tokenizer.decode([token_id], skip_special_tokens=False)
-        content.append({"token": token, "logprob": float(logprob), "bytes": list(token.encode("utf-8")),
-                        "top_logprobs": []})
-    return {"content": content}
-
-
-def _flatten_content(message: dict[str, Any]) -> dict[str, Any]:
-    """OpenAI content-part lists (``[{"type": "text", "text": ...}]``) as one string, as templates expect."""
-    content = message.get("content")
-    if isinstance(content, list):
-        text = "".join(part.get("text", "") for part in content if isinstance(part, dict))
-        return {**message, "content": text}
-    return message
-
-
-def completion_message(
-    response_ids: tuple[int, ...] | list[int], tokenizer: Any, parser: str, parse_tools: bool
-) -> dict[str, Any]:
-    """The assistant message for sampled ids: content, plus ``tool_calls`` when the parser finds calls."""
-    text = strip_end_markers(tokenizer.decode(list(response_ids), skip_special_tokens=False), tokenizer)
-    if not parse_tools:
-        return {"role": "assistant", "content": text}
-    parsed = parse_tool_calls(text, parser)
-    if not parsed.calls:
-        return {"role": "assistant", "content": text}
-    tool_calls = [
-        {
-            "id": call.id or f"call_{uuid.uuid4().hex[:24]}",
-            "type": "function",
-            "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)},
-        }
-        for call in parsed.calls
-    ]
-    return {"role": "assistant", "content": parsed.content.strip() or None, "tool_calls": tool_calls}
-
-
-def build_chat_completion(
-    *,
-    completion_id: str,
-    model: str,
-    prompt_len: int,
-    result: GenerateResult,
-    message: dict[str, Any],
-    created: int | None = None,
-) -> dict[str, Any]:
-    """An OpenAI ``chat.completion`` object for one sampled answer."""
-    if message.get("tool_calls"):
-        finish_reason = "tool_calls"
-    else:
-        finish_reason = "length" if result.finish_reason == "length" else "stop"
-    completion_tokens = len(result.token_ids)
-    return {
-        "id": completion_id,
-        "object": "chat.completion",
-        "created": int(time.time()) if created is None else created,
-        "model": model,
-        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
-        "usage": {
-            "prompt_tokens": prompt_len,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_len + completion_tokens,
-        },
-        "system_fingerprint": f"policy-v{result.policy_version}",
-    }
+    def pop(self, session_id: str) -> list[SessionCall]:
+        return self.sessions.pop(session_id, [])
 
 
 app = FastAPI(title="tandem-rl rollout")
@@ -212,7 +107,8 @@ async def _openai_validation_error(request: Request, exc: RequestValidationError
 @serve.deployment(name="OpenAIIngress", num_replicas=1, ray_actor_options={"num_cpus": 0.1})
 @serve.ingress(app)
 class OpenAIIngress:
-    """``/v1/chat/completions``, ``/v1/models`` and ``/v1/sessions/{id}`` over a ``RolloutServer`` handle."""
+    """``/v1/chat/completions``, ``/v1/completions``, ``/v1/models`` and ``/v1/sessions/{id}`` over a
+    ``RolloutServer`` handle."""
 
     def __init__(
         self,
@@ -231,7 +127,22 @@ class OpenAIIngress:
         self.parser = parser
         self.max_model_len = max_model_len
         self.api_key = os.environ.get(api_key_env) if api_key_env else None
-        self.sessions: OrderedDict[str, list[SessionCall]] = OrderedDict()
+        self._store_name = f"tandem-sessions-{serve.get_replica_context().app_name}"
+        self._store = self._session_store()
+
+    def _session_store(self) -> Any:
+        # One per app, found by name; owned by the replica that created it first (a later replica or a restarted
+        # one finds it, or makes a new one if its owner died: the records it held are then lost, as on a restart).
+        return SessionStore.options(name=self._store_name, get_if_exists=True).remote()
+
+    async def _call_store(self, method: str, *args: Any) -> Any:
+        try:
+            return await getattr(self._store, method).remote(*args)
+        except ray.exceptions.RayActorError:
+            logger.warning("session store %s was lost (its owning ingress replica stopped); starting a new one",
+                           self._store_name)
+            self._store = self._session_store()
+            return await getattr(self._store, method).remote(*args)
 
     def _authorize(self, authorization: str | None) -> None:
         if self.api_key and authorization != f"Bearer {self.api_key}":
@@ -249,78 +160,153 @@ class OpenAIIngress:
         body: ChatCompletionRequest,
         authorization: str | None = Header(default=None),
         x_session_id: str | None = Header(default=None),
-    ) -> dict[str, Any]:
+    ) -> Any:
         self._authorize(authorization)
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         prompt_ids = self._render(body)
-        request = GenerateRequest(
-            prompt_ids=prompt_ids,
-            sampling=self._sampling(body, len(prompt_ids)),
-            trajectory_id=x_session_id or "",
-            request_id=completion_id,
-        )
-        try:
-            result: GenerateResult = await self.rollout.generate.remote(request)
-        except PromptTooLong as exc:  # the engine's check; the message names the request
-            raise HTTPException(400, str(getattr(exc, "cause", exc))) from None
-        if result.finish_reason == "abort":
-            raise HTTPException(503, f"request {completion_id} was aborted by the engine")
-        ids, logprobs, before_stop = apply_stop(result.token_ids, result.logprobs, self.tokenizer, body.stop)
-        if before_stop is not None:
-            result = replace(result, token_ids=ids, logprobs=logprobs, finish_reason="stop",
-                             token_versions=result.token_versions[:len(ids)])
-        if x_session_id:
-            self._record(x_session_id, SessionCall(prompt_ids, result.token_ids, result.logprobs,
-                                                   result.policy_version, result.finish_reason))
-        parse_tools = bool(body.tools) and body.tool_choice != "none"
-        message = completion_message(result.token_ids, self.tokenizer, self.parser, parse_tools)
-        if before_stop is not None:  # the stop string and what the last token carried past it are not content
-            message = {"role": "assistant", "content": before_stop} if not message.get("tool_calls") else message
-        response = build_chat_completion(
-            completion_id=completion_id,
-            model=body.model or self.served_model_name,
-            prompt_len=len(prompt_ids),
-            result=result,
-            message=message,
-        )
-        choice = response["choices"][0]
-        if body.logprobs:
-            choice["logprobs"] = logprobs_content(result.token_ids, result.logprobs, self.tokenizer)
+        wanted = body.max_completion_tokens or body.max_tokens or DEFAULT_MAX_TOKENS
+        samples = await self._sample(body, prompt_ids, wanted, completion_id, x_session_id)
+        model = body.model or self.served_model_name
+        messages = [sample_message(s, self.tokenizer, self.parser, body.parse_tools) for s in samples]
+        if body.stream:
+            created = int(time.time())
+            chunks = []
+            for index, (sample, message) in enumerate(zip(samples, messages)):
+                chunks += chat_chunks(completion_id=completion_id, created=created, model=model, index=index,
+                                      sample=sample, message=message, tokenizer=self.tokenizer, parser=self.parser,
+                                      parse_tools=body.parse_tools, logprobs=body.logprobs,
+                                      token_ids=body.return_token_ids)
+            return self._stream(chunks, body, completion_id, created, model, "chat.completion.chunk", prompt_ids,
+                                samples)
+        response = build_chat_completion(completion_id=completion_id, model=model, prompt_len=len(prompt_ids),
+                                         answers=[(s.result, m) for s, m in zip(samples, messages)])
+        for choice, sample in zip(response["choices"], samples):
+            if body.logprobs:
+                choice["logprobs"] = logprobs_content(sample.result.token_ids, sample.result.logprobs, self.tokenizer)
+            if body.return_token_ids:
+                choice["token_ids"] = list(sample.result.token_ids)
         if body.return_token_ids:
             response["prompt_token_ids"] = list(prompt_ids)
-            choice["token_ids"] = list(result.token_ids)
+        return response
+
+    @app.post("/v1/completions")
+    async def completions(
+        self,
+        body: CompletionRequest,
+        authorization: str | None = Header(default=None),
+        x_session_id: str | None = Header(default=None),
+    ) -> Any:
+        self._authorize(authorization)
+        completion_id = f"cmpl-{uuid.uuid4().hex}"
+        prompt_ids = self._prompt_ids(body)
+        samples = await self._sample(body, prompt_ids, body.max_tokens or 16, completion_id, x_session_id)
+        model = body.model or self.served_model_name
+        logprobs = body.logprobs is not None
+        if body.stream:
+            created = int(time.time())
+            chunks = []
+            for index, sample in enumerate(samples):
+                chunks += text_chunks(completion_id=completion_id, created=created, model=model, index=index,
+                                      sample=sample, tokenizer=self.tokenizer, logprobs=logprobs,
+                                      token_ids=body.return_token_ids)
+            return self._stream(chunks, body, completion_id, created, model, "text_completion", prompt_ids, samples)
+        response = text_completion(completion_id=completion_id, model=model, prompt_len=len(prompt_ids),
+                                   samples=samples, tokenizer=self.tokenizer, logprobs=logprobs)
+        if body.return_token_ids:
+            response["prompt_token_ids"] = list(prompt_ids)
+            for choice, sample in zip(response["choices"], samples):
+                choice["token_ids"] = list(sample.result.token_ids)
         return response
 
     @app.get("/v1/sessions/{session_id}")
     async def get_session(self, session_id: str, authorization: str | None = Header(default=None)) -> dict[str, Any]:
         self._authorize(authorization)
-        calls = self.sessions.get(session_id)
+        calls = await self._call_store("get", session_id)
         if calls is None:
             raise HTTPException(404, f"no calls recorded for session {session_id!r}")
         return {"session_id": session_id, "calls": [asdict(c) for c in calls]}
 
     async def pop_session(self, session_id: str) -> list[SessionCall]:
-        """Handle method for trainers: the session's calls, removed from memory ([] if none)."""
-        return self.sessions.pop(session_id, [])
+        """Handle method for trainers: the session's calls, removed from the store ([] if none)."""
+        return await self._call_store("pop", session_id)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _stream(self, chunks: list[dict[str, Any]], body: SamplingRequest, completion_id: str, created: int,
+                model: str, obj: str, prompt_ids: tuple[int, ...], samples: list[Sample]) -> StreamingResponse:
+        if body.include_usage:
+            chunks.append(usage_chunk(completion_id, created, model, obj, len(prompt_ids), samples))
+        return StreamingResponse(iter([sse(chunks)]), media_type="text/event-stream")
+
+    async def _sample(self, body: SamplingRequest, prompt_ids: tuple[int, ...], wanted: int, completion_id: str,
+                      session_id: str | None) -> list[Sample]:
+        """``body.n`` answers to one prompt (generated together), ``stop`` applied, recorded under the session."""
+        sampling = self._sampling(body, len(prompt_ids), wanted)
+        requests = [
+            GenerateRequest(
+                prompt_ids=prompt_ids,
+                sampling=sampling if body.seed is None else replace(sampling, seed=body.seed + i),
+                trajectory_id=session_id or "",
+                request_id=completion_id if body.n == 1 else f"{completion_id}-{i}",
+            )
+            for i in range(body.n)
+        ]
+        results = await self._generate(requests)
+        samples = []
+        for result in results:
+            ids, logprobs, before_stop = apply_stop(result.token_ids, result.logprobs, self.tokenizer, body.stop)
+            if before_stop is not None:
+                result = replace(result, token_ids=ids, logprobs=logprobs, finish_reason="stop",
+                                 token_versions=result.token_versions[:len(ids)])
+            samples.append(Sample(result, before_stop))
+        if session_id:
+            await self._call_store("record", session_id, [
+                SessionCall(prompt_ids, s.result.token_ids, s.result.logprobs, s.result.policy_version,
+                            s.result.finish_reason) for s in samples])
+        return samples
+
+    async def _generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
+        try:
+            if len(requests) == 1:
+                results = [await self.rollout.generate.remote(requests[0])]
+            else:  # one call (see RolloutServer.generate_group)
+                results = await self.rollout.generate_group.remote(requests)
+        except PromptTooLong as exc:  # the engine's check; the message names the request
+            raise HTTPException(400, str(getattr(exc, "cause", exc))) from None
+        for request, result in zip(requests, results):
+            if result.finish_reason == "abort":
+                raise HTTPException(503, f"request {request.request_id} was aborted by the engine")
+        return results
 
     def _render(self, body: ChatCompletionRequest) -> tuple[int, ...]:
-        messages = [_flatten_content(m) for m in body.messages]
-        tools = body.tools if body.tools and body.tool_choice != "none" else None
+        messages = [flatten_content(m) for m in body.messages]
+        tools = body.tools if body.parse_tools else None
         try:
             ids = self.tokenizer.apply_chat_template(
                 messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
             )
         except Exception as exc:  # a template error is the caller's malformed conversation
             raise HTTPException(400, f"messages do not render with the chat template: {exc}") from None
+        return self._check_length(tuple(ids))
+
+    def _prompt_ids(self, body: CompletionRequest) -> tuple[int, ...]:
+        if isinstance(body.prompt, str):
+            return self._check_length(tuple(self.tokenizer.encode(body.prompt, add_special_tokens=False)))
+        vocab = len(self.tokenizer)
+        bad = next((t for t in body.prompt if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise HTTPException(400, f"prompt: token id {bad} outside the vocabulary [0, {vocab})")
+        return self._check_length(tuple(body.prompt))
+
+    def _check_length(self, ids: tuple[int, ...]) -> tuple[int, ...]:
         if len(ids) >= self.max_model_len:
             raise HTTPException(
                 400, f"prompt has {len(ids)} tokens; max_model_len is {self.max_model_len} (not truncated)"
             )
-        return tuple(ids)
+        return ids
 
-    def _sampling(self, body: ChatCompletionRequest, prompt_len: int) -> SamplingParams:
+    def _sampling(self, body: SamplingRequest, prompt_len: int, wanted: int) -> SamplingParams:
         room = self.max_model_len - prompt_len
-        wanted = body.max_completion_tokens or body.max_tokens or DEFAULT_MAX_TOKENS
         stop = [t for t in (self.tokenizer.eos_token_id,) if t is not None]
         return SamplingParams(
             temperature=body.temperature,
@@ -329,9 +315,3 @@ class OpenAIIngress:
             stop_token_ids=tuple(stop),
             seed=body.seed,
         )
-
-    def _record(self, session_id: str, call: SessionCall) -> None:
-        self.sessions.setdefault(session_id, []).append(call)
-        self.sessions.move_to_end(session_id)
-        while len(self.sessions) > MAX_SESSIONS:
-            self.sessions.popitem(last=False)

@@ -145,6 +145,13 @@ class RolloutServer:
             token_versions=out.token_versions,
         )
 
+    async def generate_group(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
+        """Several requests in one call, generated concurrently on this replica (the OpenAI ingress's ``n``: the
+        samples of one prompt, prefilled once). One handle call rather than several: concurrent handle calls made
+        while serving one HTTP request share Serve's internal request id, and Serve 2.60's router indexes pending
+        requests by that id, so all but one of them were never routed."""
+        return list(await asyncio.gather(*(self.generate(r) for r in requests)))
+
     async def load_adapter(self, ref: AdapterRef) -> int:
         """Sample with ``ref`` from now on (after the running generates finish, unless the engine swaps
         between steps itself); returns the version."""

@@ -81,7 +81,7 @@ def tool_call_adapter(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFac
 
 @pytest.fixture(scope="session")
 def rollout_app(ray_cluster, tiny_model_dir: Path) -> RolloutApp:
-    """The rollout app with 2 replicas on the tiny model and a bearer token, shared by the session."""
+    """The rollout app with 2 replicas on the tiny model, 2 ingress replicas and a bearer token, shared by the session."""
     from ray import serve
 
     from apps.rollout import RolloutAppArgs, build_app, ingress_handle, rollout_handle
@@ -101,6 +101,7 @@ def rollout_app(ray_cluster, tiny_model_dir: Path) -> RolloutApp:
         num_cpus=0.5,
         api_key_env=API_KEY_ENV,
         engine_kwargs={"max_batch_size": 32},
+        ingress_replicas=2,  # two HTTP replicas share the session store: a session's calls land on either
     )
     serve.run(build_app(args), name=APP_NAME, route_prefix="/")
     yield RolloutApp(

@@ -107,8 +107,102 @@ def test_logprobs_token_ids_and_errors_in_openais_shape(rollout_app):
     assert choice["token_ids"] == list(call.response_ids) and reply["prompt_token_ids"] == list(call.prompt_ids)
     assert [c["logprob"] for c in choice["logprobs"]["content"]] == pytest.approx(list(call.logprobs))
     for bad, said in (({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role 'wizard'"),
-                      ({"stream": True}, "stream"), ({"n": 2}, "n")):
+                      ({"tool_choice": "required"}, "constrained decoding"), ({"n": 9}, "n")):
         response = httpx.post(url, json={**body, **bad}, headers=_auth(rollout_app), timeout=60)
         assert response.status_code == 400, response.text
         error = response.json()["error"]
         assert said in error["message"] and error["type"] == "invalid_request_error"
+
+
+def test_streamed_tool_call_equals_the_non_streamed_answer(rollout_app, tool_call_adapter):
+    version, _ = rollout_app.publish_next(tool_call_adapter)
+    client = _client(rollout_app)
+    kwargs = {"model": "tiny", "messages": MESSAGES, "tools": TOOLS, "temperature": 0, "max_tokens": 64}
+    whole = client.chat.completions.create(**kwargs)
+    chunks = list(client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    calls = [call for c in chunks if c.choices for call in (c.choices[0].delta.tool_calls or [])]
+    [call] = calls
+    [wanted] = whole.choices[0].message.tool_calls
+    assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "Paris"})
+    assert (call.function.name, call.function.arguments) == (wanted.function.name, wanted.function.arguments)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+    print(f"streamed tool-call transcript (policy v{version}):")
+    for chunk in chunks:
+        print("  " + chunk.model_dump_json(exclude_none=True))
+
+
+def test_langchain_chat_openai_streams_a_bound_tool_call(rollout_app, tool_call_adapter):
+    from langchain_openai import ChatOpenAI
+
+    rollout_app.publish_next(tool_call_adapter)
+    llm = ChatOpenAI(model="tiny", base_url=rollout_app.base_url, api_key=rollout_app.api_key, temperature=0,
+                     max_tokens=64, max_retries=0, timeout=120, streaming=True)
+    tool = TOOLS[0]
+    total = None
+    for piece in llm.bind_tools([tool]).stream(MESSAGES[0]["content"]):
+        total = piece if total is None else total + piece
+    [call] = total.tool_calls
+    assert call["name"] == "get_weather" and call["args"] == {"city": "Paris"}
+
+
+def test_n_samples_stream_and_are_recorded_once_each(rollout_app):
+    client = _client(rollout_app)
+    messages = [{"role": "user", "content": "Count."}]
+    session = {"x-session-id": "sess-n"}
+    response = client.chat.completions.create(model="tiny", messages=messages, n=3, max_tokens=6, seed=5,
+                                              extra_headers=session, extra_body={"return_token_ids": True})
+    assert [c.index for c in response.choices] == [0, 1, 2]
+    calls = rollout_app.ingress.pop_session.remote("sess-n").result()
+    assert [list(c.response_ids) for c in calls] == [c.model_extra["token_ids"] for c in response.choices]
+    assert response.usage.completion_tokens == sum(len(c.response_ids) for c in calls)
+    # sample i used seed 5 + i: a lone request with seed 6 samples what choice 1 sampled
+    lone = client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, seed=6,
+                                          extra_body={"return_token_ids": True})
+    assert lone.choices[0].model_extra["token_ids"] == list(calls[1].response_ids)
+    # streamed, the same seeds give the same samples, each choice under its index
+    stream = client.chat.completions.create(model="tiny", messages=messages, n=3, max_tokens=6, seed=5, stream=True,
+                                            extra_body={"return_token_ids": True})
+    by_index: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    for chunk in stream:
+        for choice in chunk.choices:
+            by_index[choice.index] += (choice.model_extra or {}).get("token_ids") or []
+    assert [by_index[i] for i in range(3)] == [list(c.response_ids) for c in calls]
+
+
+def test_completions_take_text_or_token_ids_and_stream(rollout_app):
+    client = _client(rollout_app)
+    tokenizer = AutoTokenizer.from_pretrained(rollout_app.model_dir)
+    text = "Once upon a time"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    by_text = client.completions.create(model="tiny", prompt=text, max_tokens=8, temperature=0, logprobs=0,
+                                        extra_body={"return_token_ids": True}, extra_headers={"x-session-id": "c1"})
+    by_ids = client.completions.create(model="tiny", prompt=ids, max_tokens=8, temperature=0,
+                                       extra_body={"return_token_ids": True})
+    assert by_text.object == "text_completion" and by_text.model_extra["prompt_token_ids"] == ids
+    assert by_ids.choices[0].model_extra["token_ids"] == by_text.choices[0].model_extra["token_ids"]
+    assert by_ids.choices[0].text == by_text.choices[0].text
+    [call] = rollout_app.ingress.pop_session.remote("c1").result()
+    assert list(call.response_ids) == by_text.choices[0].model_extra["token_ids"]
+    assert by_text.choices[0].logprobs.token_logprobs == pytest.approx(list(call.logprobs))
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model="tiny", prompt=text, max_tokens=8, temperature=0, stream=True) if c.choices)
+    assert streamed == by_text.choices[0].text
+    with pytest.raises(openai.BadRequestError, match="outside the vocabulary"):
+        client.completions.create(model="tiny", prompt=[10**9], max_tokens=2)
+
+
+def test_sessions_recorded_through_either_ingress_replica(rollout_app):
+    from ray import serve
+
+    status = serve.status().applications[rollout_app.name].deployments["OpenAIIngress"]
+    assert status.replica_states.get("RUNNING") == 2
+    session = {"x-session-id": "sess-two-ingress"}
+    for turn in range(8):  # the proxy spreads these over both ingress replicas
+        httpx.post(f"{rollout_app.base_url}/chat/completions", headers={**_auth(rollout_app), **session}, timeout=120,
+                   json={"messages": [{"role": "user", "content": f"turn {turn}"}], "max_tokens": 2}).raise_for_status()
+    record = httpx.get(f"{rollout_app.base_url}/sessions/sess-two-ingress", headers=_auth(rollout_app)).json()
+    assert len(record["calls"]) == 8
+    assert len(rollout_app.ingress.pop_session.remote("sess-two-ingress").result()) == 8

@@ -1,0 +1,385 @@
+"""OpenAI request models and response builders of the rollout app's ingress (deployments layer; pure functions).
+
+``OpenAIIngress`` validates bodies with the request models here and builds every response with the functions
+here from sampled token ids, so unit tests check the wire format without a cluster.
+
+- ``ChatCompletionRequest`` / ``CompletionRequest``: the subset of OpenAI's chat and legacy completions requests
+  the server implements; anything it cannot honour (``tool_choice: "required"``, a named function, ``echo``,
+  ``top_logprobs > 0``) is a validation error, which the ingress answers with 400 in OpenAI's error shape.
+- ``apply_stop``: ``stop`` strings cut the sampled ids after the token that completes the first stop string.
+- ``chat_completion`` / ``text_completion``: one response object for ``n`` samples.
+- ``chat_chunks`` / ``text_chunks``: the same answer as stream chunks, one per sampled token; tool calls are
+  released by the streaming parser (``agents.parsers.streaming``) once their block is complete, so the content
+  and calls of the chunks, concatenated, equal the non-streamed message.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from agents.parsers import parse_tool_calls, strip_end_markers
+from agents.parsers.streaming import ToolCallStream
+from agents.records import GenerateResult
+
+MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool")
+MAX_N = 8
+
+
+class SamplingRequest(BaseModel):
+    """Fields both endpoints share."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    temperature: float = Field(default=1.0, ge=0, le=2)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    seed: int | None = None
+    """Sample ``i`` of ``n`` uses ``seed + i``."""
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    """Samples of the one prompt, sent to one replica together (the prompt is prefilled once)."""
+    stream: bool = False
+    """Server-sent events, one chunk per sampled token; sent once the whole answer is sampled (the engines return
+    whole answers), so the first chunk comes when the answer is done."""
+    stream_options: dict[str, Any] | None = None
+    stop: str | list[str] | None = None
+    """Up to 4 strings: the answer ends before the first one (the recorded ids end with the token that completed
+    it). Applied to the decoded text after sampling: the engine's token stops are EOS only."""
+    return_token_ids: bool = False
+    """vLLM's extension: ``prompt_token_ids`` and each choice's ``token_ids`` in the response."""
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value: str | list[str] | None) -> list[str]:
+        stops = [value] if isinstance(value, str) else list(value or [])
+        if len(stops) > 4 or any(not s for s in stops):
+            raise ValueError("stop: at most 4 non-empty strings")
+        return stops
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        unknown = set(value or {}) - {"include_usage", "continuous_usage_stats"}
+        if unknown:
+            raise ValueError(f"unknown stream_options {sorted(unknown)} (known: include_usage)")
+        return value
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.get("include_usage"))
+
+
+class ChatCompletionRequest(SamplingRequest):
+    """The subset of OpenAI's chat completion request this server implements."""
+
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    """``auto`` or ``none``. ``required`` and a named function need constrained decoding, which neither engine
+    adapter implements: refused with 400 rather than ignored."""
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=0)
+    """Only 0: the engines return the sampled token's log-prob, not the alternatives."""
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, value: str | dict[str, Any] | None) -> str | None:
+        if value in (None, "auto", "none"):
+            return value
+        wanted = "a named function" if isinstance(value, dict) else repr(value)
+        raise ValueError(f"{wanted} is not supported: forcing a tool call needs constrained decoding, which this "
+                         "server does not implement; send 'auto' (the model decides) or 'none'")
+
+    @field_validator("messages")
+    @classmethod
+    def _messages(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for index, message in enumerate(value):
+            role = message.get("role")
+            if role not in MESSAGE_ROLES:
+                raise ValueError(f"messages[{index}].role {role!r} is not one of {', '.join(MESSAGE_ROLES)}")
+            content = message.get("content")
+            parts_ok = isinstance(content, list) and all(
+                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content)
+            if not (content is None or isinstance(content, str) or parts_ok):
+                raise ValueError(f"messages[{index}].content must be a string or a list of text parts, got "
+                                 f"{type(content).__name__}" + (" with non-text parts" if isinstance(content, list) else ""))
+            if content is None and not (role == "assistant" and message.get("tool_calls")):
+                raise ValueError(f"messages[{index}]: content is required (only an assistant message with tool_calls "
+                                 "may omit it)")
+        return value
+
+    @property
+    def parse_tools(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
+
+
+class CompletionRequest(SamplingRequest):
+    """The subset of OpenAI's legacy completions request: one prompt, as text or token ids."""
+
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for this endpoint
+    logprobs: int | None = Field(default=None, ge=0, le=0)
+    """Only 0 (the sampled tokens' log-probs): the engines do not return alternatives."""
+    echo: Literal[False] = False
+    suffix: None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, value: Any) -> str | list[int]:
+        if isinstance(value, list) and value and isinstance(value[0], (str, list)):
+            if len(value) != 1:
+                raise ValueError(f"one prompt per request (got {len(value)}); send each as its own request, or "
+                                 "use n for several samples of one prompt")
+            value = value[0]
+        if isinstance(value, str) and not value:
+            raise ValueError("empty prompt")
+        if isinstance(value, list) and not value:
+            raise ValueError("empty list of prompt token ids")
+        return value
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sampled answer after ``stop`` was applied: the result (ids cut at the stop) and the text before the stop
+    string (None when no stop string occurred)."""
+
+    result: GenerateResult
+    before_stop: str | None = None
+
+
+def apply_stop(ids: tuple[int, ...], logprobs: tuple[float, ...], tokenizer: Any,
+               stops: list[str]) -> tuple[tuple[int, ...], tuple[float, ...], str | None]:
+    """The sampled ids up to the token that completes the first stop string (all of them when none occurs), their
+    log-probs, and the text before that stop (None: no stop occurred)."""
+    if not stops:
+        return ids, logprobs, None
+    text = tokenizer.decode(list(ids), skip_special_tokens=False)
+    hits = [(text.find(s), s) for s in stops if s in text]
+    if not hits:
+        return ids, logprobs, None
+    at = min(position for position, _ in hits)
+    # the shortest prefix of tokens whose text reaches past the first stop string: bisect on the prefix length
+    # (text grows with the prefix), one decode per probe
+    low, high = 1, len(ids)
+    while low < high:
+        mid = (low + high) // 2
+        prefix = tokenizer.decode(list(ids[:mid]), skip_special_tokens=False)
+        if any(s in prefix for s in stops):
+            high = mid
+        else:
+            low = mid + 1
+    return ids[:low], logprobs[:low], text[:at]
+
+
+def logprob_entry(token_id: int, logprob: float, tokenizer: Any) -> dict[str, Any]:
+    token = tokenizer.decode([token_id], skip_special_tokens=False)
+    return {"token": token, "logprob": float(logprob), "bytes": list(token.encode("utf-8")), "top_logprobs": []}
+
+
+def logprobs_content(ids: tuple[int, ...], logprobs: tuple[float, ...], tokenizer: Any) -> dict[str, Any]:
+    """OpenAI's ``choices[].logprobs``: each sampled token, its log-prob and bytes (no alternatives)."""
+    return {"content": [logprob_entry(t, lp, tokenizer) for t, lp in zip(ids, logprobs)]}
+
+
+def flatten_content(message: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI content-part lists (``[{"type": "text", "text": ...}]``) as one string, as templates expect."""
+    content = message.get("content")
+    if isinstance(content, list):
+        text = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+        return {**message, "content": text}
+    return message
+
+
+def _openai_call(call: Any) -> dict[str, Any]:
+    return {"id": call.id or f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)}}
+
+
+def completion_message(
+    response_ids: tuple[int, ...] | list[int], tokenizer: Any, parser: str, parse_tools: bool
+) -> dict[str, Any]:
+    """The assistant message for sampled ids: content, plus ``tool_calls`` when the parser finds calls."""
+    text = strip_end_markers(tokenizer.decode(list(response_ids), skip_special_tokens=False), tokenizer)
+    if not parse_tools:
+        return {"role": "assistant", "content": text}
+    parsed = parse_tool_calls(text, parser)
+    if not parsed.calls:
+        return {"role": "assistant", "content": text}
+    return {"role": "assistant", "content": parsed.content.strip() or None,
+            "tool_calls": [_openai_call(call) for call in parsed.calls]}
+
+
+def sample_message(sample: Sample, tokenizer: Any, parser: str, parse_tools: bool) -> dict[str, Any]:
+    """``completion_message`` of a sample; after a stop string the content is the text before it."""
+    message = completion_message(sample.result.token_ids, tokenizer, parser, parse_tools)
+    if sample.before_stop is not None and not message.get("tool_calls"):
+        return {"role": "assistant", "content": sample.before_stop}
+    return message
+
+
+def finish_reason(result: GenerateResult, has_calls: bool) -> str:
+    if has_calls:
+        return "tool_calls"
+    return "length" if result.finish_reason == "length" else "stop"
+
+
+def _usage(prompt_len: int, samples: list[GenerateResult]) -> dict[str, int]:
+    completion_tokens = sum(len(r.token_ids) for r in samples)
+    return {"prompt_tokens": prompt_len, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_len + completion_tokens}
+
+
+def build_chat_completion(
+    *,
+    completion_id: str,
+    model: str,
+    prompt_len: int,
+    answers: list[tuple[GenerateResult, dict[str, Any]]],
+    created: int | None = None,
+) -> dict[str, Any]:
+    """An OpenAI ``chat.completion`` object: one choice per (result, message)."""
+    choices = [{"index": i, "message": message, "finish_reason": finish_reason(result, bool(message.get("tool_calls"))),
+                "logprobs": None} for i, (result, message) in enumerate(answers)]
+    return {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": int(time.time()) if created is None else created,
+        "model": model,
+        "choices": choices,
+        "usage": _usage(prompt_len, [result for result, _ in answers]),
+        "system_fingerprint": f"policy-v{min(result.policy_version for result, _ in answers)}",
+    }
+
+
+def text_completion(*, completion_id: str, model: str, prompt_len: int, samples: list[Sample], tokenizer: Any,
+                    logprobs: bool, created: int | None = None) -> dict[str, Any]:
+    """An OpenAI ``text_completion`` object: one choice per sample (legacy ``logprobs`` layout when asked)."""
+    choices = []
+    for i, sample in enumerate(samples):
+        result = sample.result
+        text = sample.before_stop if sample.before_stop is not None else tokenizer.decode(
+            list(result.token_ids), skip_special_tokens=True)
+        choice: dict[str, Any] = {"index": i, "text": text, "logprobs": None,
+                                  "finish_reason": finish_reason(result, False)}
+        if logprobs:
+            tokens = [tokenizer.decode([t], skip_special_tokens=False) for t in result.token_ids]
+            offsets = [sum(len(t) for t in tokens[:k]) for k in range(len(tokens))]
+            choice["logprobs"] = {"tokens": tokens, "token_logprobs": [float(x) for x in result.logprobs],
+                                  "top_logprobs": None, "text_offset": offsets}
+        choices.append(choice)
+    return {"id": completion_id, "object": "text_completion",
+            "created": int(time.time()) if created is None else created, "model": model, "choices": choices,
+            "usage": _usage(prompt_len, [s.result for s in samples]),
+            "system_fingerprint": f"policy-v{min(s.result.policy_version for s in samples)}"}
+
+
+def _text_prefixes(ids: tuple[int, ...], tokenizer: Any, final: str, *, strip: bool) -> list[str]:
+    """For each sampled token, the part of ``final`` (the answer's whole text) that is settled once that token is
+    decoded: a decoded prefix that is not a prefix of ``final`` (half a UTF-8 character, text past a stop string)
+    settles nothing new. The last entry is ``final``."""
+    settled, out = "", []
+    for k in range(1, len(ids) + 1):
+        text = tokenizer.decode(list(ids[:k]), skip_special_tokens=False)
+        text = strip_end_markers(text, tokenizer) if strip else text
+        if final.startswith(text) and len(text) > len(settled):
+            settled = text
+        out.append(settled)
+    if out:
+        out[-1] = final
+    return out
+
+
+def _chunk(completion_id: str, created: int, model: str, obj: str, choice: dict[str, Any]) -> dict[str, Any]:
+    return {"id": completion_id, "object": obj, "created": created, "model": model, "choices": [choice]}
+
+
+def chat_chunks(*, completion_id: str, created: int, model: str, index: int, sample: Sample, message: dict[str, Any],
+                tokenizer: Any, parser: str, parse_tools: bool, logprobs: bool,
+                token_ids: bool) -> list[dict[str, Any]]:
+    """One sample's ``chat.completion.chunk`` objects: the role, then one chunk per sampled token (its content delta,
+    any tool call completed by it, its log-prob and id when asked), then the finish reason."""
+    result = sample.result
+    ids = result.token_ids
+    final = sample.before_stop if sample.before_stop is not None else strip_end_markers(
+        tokenizer.decode(list(ids), skip_special_tokens=False), tokenizer)
+    stream = ToolCallStream(parser) if parse_tools else None
+    calls_sent = 0
+    chunks = [_chunk(completion_id, created, model, "chat.completion.chunk",
+                     {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                      "finish_reason": None})]
+    sent = ""
+    prefixes = _text_prefixes(ids, tokenizer, final, strip=True)
+    for k, text in enumerate(prefixes):
+        last = k == len(prefixes) - 1
+        delta: dict[str, Any] = {}
+        if stream is None:
+            delta["content"] = text[len(sent):]
+            sent = text
+        else:
+            released = [stream.feed(text)] + ([stream.finish()] if last else [])
+            content = "".join(r.content for r in released)
+            calls = [c for r in released for c in r.calls]
+            if content:
+                delta["content"] = content
+            if calls:
+                # the same ids as the non-streamed message when it has them (one parse of the same text)
+                known = message.get("tool_calls") or []
+                delta["tool_calls"] = []
+                for call in calls:
+                    wire = known[calls_sent] if calls_sent < len(known) else _openai_call(call)
+                    delta["tool_calls"].append({"index": calls_sent, **wire})
+                    calls_sent += 1
+        choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+        if logprobs:
+            choice["logprobs"] = {"content": [logprob_entry(ids[k], result.logprobs[k], tokenizer)]}
+        if token_ids:
+            choice["token_ids"] = [ids[k]]
+        if delta.get("content") or delta.get("tool_calls") or logprobs or token_ids:
+            chunks.append(_chunk(completion_id, created, model, "chat.completion.chunk", choice))
+    chunks.append(_chunk(completion_id, created, model, "chat.completion.chunk",
+                         {"index": index, "delta": {}, "logprobs": None,
+                          "finish_reason": finish_reason(result, calls_sent > 0)}))
+    return chunks
+
+
+def text_chunks(*, completion_id: str, created: int, model: str, index: int, sample: Sample, tokenizer: Any,
+                logprobs: bool, token_ids: bool) -> list[dict[str, Any]]:
+    """One sample's ``text_completion`` stream chunks: one per sampled token, then the finish reason."""
+    result = sample.result
+    ids = result.token_ids
+    final = sample.before_stop if sample.before_stop is not None else tokenizer.decode(list(ids),
+                                                                                       skip_special_tokens=True)
+    chunks, sent = [], ""
+    for k, text in enumerate(_text_prefixes(ids, tokenizer, final, strip=False)):
+        choice: dict[str, Any] = {"index": index, "text": text[len(sent):], "logprobs": None, "finish_reason": None}
+        if logprobs:
+            choice["logprobs"] = {"tokens": [tokenizer.decode([ids[k]], skip_special_tokens=False)],
+                                  "token_logprobs": [float(result.logprobs[k])], "top_logprobs": None,
+                                  "text_offset": [len(sent)]}
+        sent = text
+        if token_ids:
+            choice["token_ids"] = [ids[k]]
+        if choice["text"] or logprobs or token_ids:
+            chunks.append(_chunk(completion_id, created, model, "text_completion", choice))
+    chunks.append(_chunk(completion_id, created, model, "text_completion",
+                         {"index": index, "text": "", "logprobs": None, "finish_reason": finish_reason(result, False)}))
+    return chunks
+
+
+def usage_chunk(completion_id: str, created: int, model: str, obj: str, prompt_len: int,
+                samples: list[Sample]) -> dict[str, Any]:
+    """The last chunk when ``stream_options.include_usage``: no choices, the usage of the whole request."""
+    return {"id": completion_id, "object": obj, "created": created, "model": model, "choices": [],
+            "usage": _usage(prompt_len, [s.result for s in samples])}
+
+
+def sse(chunks: list[dict[str, Any]]) -> str:
+    """Server-sent events: one ``data:`` line per chunk, then ``[DONE]``."""
+    return "".join(f"data: {json.dumps(c, ensure_ascii=False)}\n\n" for c in chunks) + "data: [DONE]\n\n"
