@@ -50,6 +50,7 @@ from deployments.openai_protocol import (
     text_completion,
     usage_chunk,
 )
+from deployments.session_replay import replay_prompt_ids
 
 logger = logging.getLogger(__name__)
 
@@ -163,7 +164,7 @@ class OpenAIIngress:
     ) -> Any:
         self._authorize(authorization)
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
-        prompt_ids = self._render(body)
+        prompt_ids = await self._render(body, x_session_id)
         wanted = body.max_completion_tokens or body.max_tokens or DEFAULT_MAX_TOKENS
         samples = await self._sample(body, prompt_ids, wanted, completion_id, x_session_id)
         model = body.model or self.served_model_name
@@ -278,9 +279,19 @@ class OpenAIIngress:
                 raise HTTPException(503, f"request {request.request_id} was aborted by the engine")
         return results
 
-    def _render(self, body: ChatCompletionRequest) -> tuple[int, ...]:
+    async def _render(self, body: ChatCompletionRequest, session_id: str | None) -> tuple[int, ...]:
         messages = [flatten_content(m) for m in body.messages]
         tools = body.tools if body.parse_tools else None
+        calls = await self._call_store("get", session_id) if session_id else None
+        if calls and any(m.get("role") == "assistant" for m in messages):
+            # the model's earlier answers as the ids it sampled, not as the template re-renders their text
+            try:
+                ids, _ = replay_prompt_ids(self.tokenizer, messages, tools, calls, self.parser)
+            except Exception:  # a template that cannot take the placeholder: render as usual
+                logger.debug("session %s: replaying recorded answers failed", session_id, exc_info=True)
+                ids = None
+            if ids is not None:
+                return self._check_length(ids)
         try:
             ids = self.tokenizer.apply_chat_template(
                 messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
