@@ -129,8 +129,14 @@ def learner_steps(run_dir: Path) -> int:
 def _start(cmd: list[str], log_path: Path) -> subprocess.Popen:
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(ROOT)}
     env.pop("RAY_ADDRESS", None)
+    # Ctrl-C reaches a job started in the foreground; a harness itself started in the background (``make bench &``)
+    # would hand its children SIGINT ignored, and the job would finish as if never interrupted.
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log_path.open("w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_sigint_default)  # noqa: PLW1509 - no threads here
+
+
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _wait(proc: subprocess.Popen, timeout_s: float) -> int:
