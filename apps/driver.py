@@ -27,16 +27,10 @@ from configs import TandemConfig
 log = logging.getLogger("tandem_rl.driver")
 
 
-_STARTED_ADDRESS = ""  # the GCS address of the local cluster connect_ray started, if any
-
-
 def connect_ray(cfg: TandemConfig) -> None:
     """Join ``RAY_ADDRESS`` (a cluster, or ``ray job submit``) or start a local cluster."""
-    global _STARTED_ADDRESS
     if ray.is_initialized():
         return
-    if _STARTED_ADDRESS and os.environ.get("RAY_ADDRESS") == _STARTED_ADDRESS:
-        del os.environ["RAY_ADDRESS"]  # ours, from a local cluster this process started and has shut down since
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
         return
@@ -51,11 +45,6 @@ def connect_ray(cfg: TandemConfig) -> None:
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")  # the Ray Train controller may run here
     ray.init(address="local", include_dashboard=cfg.tracking.ray_dashboard, log_to_driver=True,
              logging_config=ray.LoggingConfig(log_level="WARNING"), runtime_env={"env_vars": env})
-    # Ray Train's controller looks the cluster up by address (its placement-group cleaner, the state API): with
-    # no RAY_ADDRESS it scans for local clusters and fails when another one runs on the machine ("Found multiple
-    # active Ray instances"). Name ours.
-    _STARTED_ADDRESS = ray.get_runtime_context().gcs_address
-    os.environ["RAY_ADDRESS"] = _STARTED_ADDRESS
 
 
 class ResourceError(RuntimeError):

@@ -53,12 +53,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def exit_code(code: int) -> int:
-    """The process's exit code. An interrupted run (130, 143) leaves Ray Train's fit thread running: shut the
-    local cluster down and exit now, before that thread touches a Ray that is gone (it would exit 1)."""
+    """The process's exit code. An interrupted run (130, 143) leaves Ray Train's fit thread running: exit now.
+    Not through ``ray.shutdown()``: the fit thread, still inside a ``ray.get``, touched the shut-down core worker
+    in 2 of 3 Ctrl-C chaos runs on a loaded box, and the core worker then ended the process with exit code 1. A
+    local cluster's processes share the driver's fate (they stop when it exits); a job's actors die with their
+    owner."""
     if code in (130, 143):
         sys.stdout.flush()
         sys.stderr.flush()
-        ray.shutdown()
         os._exit(code)
     return code
 
@@ -84,9 +86,6 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
         from trainers.model import check_adapter
 
         check_adapter(model.lora_adapter_path, model.path)
-    connect_ray(cfg)
-    attached = cfg.serve.app_name in deployed_apps()
-    check_resources(cfg, deploy_rollout=not attached, learner=not cfg.trainer.val_only)
 
     # 1. Rows (training and validation), checked against max_prompt_length with the tool schemas agents render.
     from transformers import AutoTokenizer
@@ -107,6 +106,10 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
             f"run {run_dir} is already at step {resume['step']} of trainer.total_training_steps={total_steps}: nothing "
             "to train. Pass a new trainer.experiment_name or trainer.default_local_dir for a new run, raise "
             "trainer.total_training_steps to continue it, or trainer.resume_mode=disable to start over")
+    # Ray only once the config, data and resume point are known good: their errors come first, and fast.
+    connect_ray(cfg)
+    attached = cfg.serve.app_name in deployed_apps()
+    check_resources(cfg, deploy_rollout=not attached, learner=not cfg.trainer.val_only)
     tracker = RunTracker(cfg, run_dir)  # after the checks that can refuse the run: no mlflow run left open
 
     # 2. Rollout engines: attach to an app deployed with `serve deploy`, or deploy it; version 0 = the start policy.
