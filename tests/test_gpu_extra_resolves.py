@@ -1,0 +1,34 @@
+"""The GPU extra (``pip install -e '.[vllm]'``) resolves together with the project's own pins.
+
+pip resolves it against the package index without installing anything (``--dry-run --ignore-installed``): the
+versions a GPU machine would get, read from pip's report. verl 0.9.1's own ``[vllm]`` extra pins vLLM; the
+resolution must keep verl, Ray and transformers at the versions the project is tested with.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_vllm_extra_resolves_with_our_pins(tmp_path):
+    report = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report),
+         f"{ROOT}[vllm]"], capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0 and ("No matching distribution" in proc.stderr or "connection" in proc.stderr.lower()):
+        pytest.skip(f"the package index is not reachable: {proc.stderr.strip().splitlines()[-1]}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    versions = {item["metadata"]["name"].lower(): item["metadata"]["version"]
+                for item in json.loads(report.read_text())["install"]}
+    print({name: versions.get(name) for name in ("vllm", "torch", "transformers", "verl", "ray")})
+    assert versions["verl"] == "0.9.1" and versions["ray"] == "2.60.0"
+    assert versions["vllm"].startswith("0.24.")  # verl 0.9.1's [vllm] pin
+    major, minor = (int(x) for x in versions["transformers"].split(".")[:2])
+    assert (5, 0) <= (major, minor) < (5, 11)  # setup.cfg's transformers pin (verl's ceiling)
