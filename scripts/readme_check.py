@@ -106,7 +106,8 @@ def run_block(block: Block, clone: Path, state: Path, log: Path) -> tuple[int, f
     if block.lang == "python":
         script = f"source {state}\ncd {clone}\npython - <<'README_PY'\n{block.code}README_PY\n"
     else:
-        script = f"source {state}\ncd {clone}\nset -e\n{block.code}\nset +e\nexport -p > {state}.next\n"
+        # the shell state is kept even when the block fails: a reader's terminal keeps its exports and venv too
+        script = f"source {state}\ncd {clone}\ntrap 'export -p > {state}.next' EXIT\nset -e\n{block.code}\n"
     started = time.perf_counter()
     proc = subprocess.Popen(["bash", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -120,7 +121,7 @@ def run_block(block: Block, clone: Path, state: Path, log: Path) -> tuple[int, f
     seconds = time.perf_counter() - started
     log.write_text(output)
     next_state = Path(f"{state}.next")
-    if code == 0 and next_state.is_file():
+    if next_state.is_file():
         next_state.replace(state)
     return code, seconds, output
 
