@@ -145,7 +145,7 @@ def main() -> None:
     print(f"requests per replica: {sorted(stats['requests_per_replica'].values())}")
     mean = sorted(round(v, 2) for v in stats["mean_in_flight_per_replica"].values())
     print(f"time-averaged in-flight per replica: {mean}")
-    print(f"max/min in-flight ratio: {stats['in_flight_max_min_ratio']:.3f}")
+    print(f"max/min in-flight ratio: {stats['in_flight_max_min_ratio']:.2f}x (sticky share {stats['sticky_share']:.3f})")
 
 
 if __name__ == "__main__":

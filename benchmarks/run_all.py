@@ -50,7 +50,8 @@ def summarize(name: str, lines: list[str], returncode: int, seconds: float) -> d
         verdict_text = "ERROR" if returncode != 0 else "-"
     else:
         verdict_text = verdict.group(1)
-    return {"benchmark": name, "ratio": f"{ratio.group(1)}x" if ratio else "-", "goal": goal_of(name),
+    ratio_text = f"{ratio.group(1)}x" if ratio and verdict_text != "ERROR" else "-"  # an error's last line is no result
+    return {"benchmark": name, "ratio": ratio_text, "goal": goal_of(name),
             "verdict": verdict_text, "time": f"{seconds:.0f}s", "last line": last[:140]}
 
 

@@ -139,6 +139,10 @@ def main() -> None:
     base_wall, base_cpu = rows["fixed+padded"]
     print("vs fixed+padded, tokens/s: " + ", ".join(f"{k} {v[0] / base_wall:.2f}x" for k, v in rows.items()))
     print("vs fixed+padded, tokens/cpu-s: " + ", ".join(f"{k} {v[1] / base_cpu:.2f}x" for k, v in rows.items()))
+    best = rows["dynamic+packed"]
+    print(f"dynamic+packed vs fixed+padded: tokens/cpu-s {best[1] / base_cpu:.2f}x, tokens/s {best[0] / base_wall:.2f}x, "
+          f"padding {padding_fraction(runners['fixed+padded'][0], trajectories):.0%} → "
+          f"{padding_fraction(runners['dynamic+packed'][0], trajectories):.0%}")
 
 
 if __name__ == "__main__":
