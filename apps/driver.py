@@ -33,6 +33,10 @@ def connect_ray(cfg: TandemConfig) -> None:
         return
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
+        if sum(1 for node in ray.nodes() if node["Alive"]) == 1:
+            # One node has no other node to drain: Ray Train's preemption watcher only logs an error-level line at
+            # start (Ray Train passes this variable on to its controller). A cluster of several nodes keeps it.
+            os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
         return
     # address="local": a new cluster of our own. Without it ray.init() attaches to whatever cluster Ray's
     # ray_current_cluster file names (another run's, or a dead one it then waits for).
