@@ -47,8 +47,25 @@ def connect_ray(cfg: TandemConfig) -> None:
     env = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
            "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")  # the Ray Train controller may run here
+    dashboard = {"dashboard_port": _dashboard_port()} if cfg.tracking.ray_dashboard else {}
     ray.init(address="local", include_dashboard=cfg.tracking.ray_dashboard, log_to_driver=True,
-             logging_config=ray.LoggingConfig(log_level="WARNING"), runtime_env={"env_vars": env})
+             logging_config=ray.LoggingConfig(log_level="WARNING"), runtime_env={"env_vars": env}, **dashboard)
+
+
+def _dashboard_port(default: int = 8265) -> int:
+    """Ray's dashboard port, or a free one when another cluster (a `ray start --head` one) holds it: the new
+    cluster's dashboard would fail to bind it and take ``ray.init`` down with it."""
+    import socket
+
+    with socket.socket() as probe:
+        if probe.connect_ex(("127.0.0.1", default)) != 0:
+            return default
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    logging.getLogger("tandem_rl.driver").warning("port %d is taken (another Ray cluster's dashboard?): this run's "
+                                                  "dashboard listens on %d", default, port)
+    return port
 
 
 class ResourceError(RuntimeError):

@@ -35,3 +35,18 @@ def test_autoscaling_headroom_counts_and_an_attached_app_is_checked_against_what
         driver.check_resources(_cfg(), deploy_rollout=False)
     plan = driver.resource_plan(_cfg(), deploy_rollout=False, learner=False)
     assert plan == {}  # val_only on an attached app asks nothing new
+
+
+def test_a_taken_dashboard_port_gives_a_free_one():
+    import socket
+
+    from apps.driver import _dashboard_port
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        other = _dashboard_port(default=taken)
+        assert other != taken
+    with socket.socket() as free:  # the port it gave is one a server can listen on
+        free.bind(("127.0.0.1", other))
