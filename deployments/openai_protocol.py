@@ -15,6 +15,7 @@ here from sampled token ids, so unit tests check the wire format without a clust
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 import uuid
@@ -270,7 +271,7 @@ def text_completion(*, completion_id: str, model: str, prompt_len: int, samples:
                                   "finish_reason": finish_reason(result, False)}
         if logprobs:
             tokens = [tokenizer.decode([t], skip_special_tokens=False) for t in result.token_ids]
-            offsets = [sum(len(t) for t in tokens[:k]) for k in range(len(tokens))]
+            offsets = [0, *itertools.accumulate(len(t) for t in tokens)][:len(tokens)]
             choice["logprobs"] = {"tokens": tokens, "token_logprobs": [float(x) for x in result.logprobs],
                                   "top_logprobs": None, "text_offset": offsets}
         choices.append(choice)

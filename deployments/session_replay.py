@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agents.loops.session_merge import SessionCall
-from agents.parsers import parse_tool_calls, strip_end_markers
+from agents.parsers import _END_MARKERS, parse_tool_calls, strip_end_markers
 
 PLACEHOLDER = "TandemReplayedAnswer{}x"
 
@@ -94,6 +94,6 @@ def _after_end(text: str, ids: list[int], tokenizer: Any) -> str:
     """``text`` without the end-of-turn token it starts with when the ids so far already end with that token."""
     if ids:
         last = tokenizer.decode([ids[-1]], skip_special_tokens=False)
-        if last and last in (tokenizer.eos_token, "<|im_end|>", "<|eot_id|>", "<|end|>") and text.startswith(last):
+        if last and last in {*_END_MARKERS, tokenizer.eos_token} and text.startswith(last):
             return text[len(last):]
     return text
