@@ -54,7 +54,7 @@ from trainers.admission import AdmissionController
 from trainers.buffer import TrajectoryBuffer, long_share, long_threshold
 from trainers.model import build_policy, gather_adapter, save_adapter
 from trainers.step import StepSettings, train_step
-from trainers.worker import build_optimizer, make_scheduler
+from trainers.optim import build_optimizer, make_scheduler
 
 GOAL = "stream/sync trained tokens/s >= 2.0x, long share trained within 2 points of generated"
 

@@ -27,7 +27,7 @@ from configs import load_config
 from trainers.batching import collate, filler, plan_step, samples_from_trajectories
 from trainers.model import build_policy
 from trainers.step import StepSettings, train_step
-from trainers.worker import build_optimizer, make_scheduler
+from trainers.optim import build_optimizer, make_scheduler
 
 VOCAB = 2000
 MAX_RESPONSE = 512

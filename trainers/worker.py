@@ -21,10 +21,9 @@ import ray
 import ray.train
 import torch
 import torch.distributed as dist
-from verl.utils.torch_functional import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
 from agents.records import AdapterRef, Trajectory
-from configs.actor import ActorConfig, ModelConfig, OptimConfig
+from configs.actor import ActorConfig, ModelConfig
 from configs.sections import AlgorithmConfig, TrainerConfig
 from trainers.model import (
     build_policy,
@@ -34,6 +33,7 @@ from trainers.model import (
     save_adapter,
     training_state,
 )
+from trainers.optim import build_optimizer, make_scheduler
 from trainers.publisher import latest_published, publish
 from trainers.step import StepSettings, train_step
 
@@ -61,23 +61,6 @@ class WorkerSpec:
 class Progress:
     step: int = 0
     policy_version: int = 0
-
-
-def make_scheduler(optimizer: torch.optim.Optimizer, optim: OptimConfig, total_steps: int | None):
-    """verl's LR schedules; one scheduler step per training step (as verl's actor)."""
-    total = optim.total_training_steps if optim.total_training_steps > 0 else total_steps
-    warmup = optim.lr_warmup_steps
-    if warmup < 0:
-        if optim.lr_warmup_steps_ratio and not total:
-            raise ValueError("actor.optim.lr_warmup_steps_ratio needs a known number of training steps")
-        warmup = int(optim.lr_warmup_steps_ratio * (total or 0))
-    kind = optim.warmup_style or optim.lr_scheduler_type
-    if kind == "constant":
-        return get_constant_schedule_with_warmup(optimizer, num_warmup_steps=warmup)
-    if not total:
-        raise ValueError("actor.optim.lr_scheduler_type=cosine needs trainer.total_training_steps")
-    return get_cosine_schedule_with_warmup(optimizer, num_warmup_steps=warmup, num_training_steps=total,
-                                           min_lr_ratio=optim.min_lr_ratio)
 
 
 def _pull_batch(source: Any, step: int, version: int, rank: int) -> list[Trajectory] | None:
@@ -219,11 +202,6 @@ def _settings(spec: WorkerSpec, device: torch.device) -> StepSettings:
         norm_adv_by_std_in_grpo=spec.algorithm.norm_adv_by_std_in_grpo, temperature=spec.temperature,
         packed=spec.model.use_remove_padding, device=device, seed=spec.trainer.seed,
     )
-
-
-def build_optimizer(model: torch.nn.Module, optim: OptimConfig) -> torch.optim.Optimizer:
-    params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.AdamW(params, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay)
 
 
 def quiet_report_lines() -> None:

@@ -15,7 +15,7 @@ from trainers.batching import collate, samples_from_trajectories
 from trainers.grpo import logprobs_from_logits, sequence_advantages
 from trainers.model import build_policy, gather_adapter, response_logprobs
 from trainers.step import StepSettings, train_step
-from trainers.worker import build_optimizer, make_scheduler
+from trainers.optim import build_optimizer, make_scheduler
 
 from .conftest import make_trajectories
 

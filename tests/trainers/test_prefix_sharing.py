@@ -15,7 +15,7 @@ from trainers.batching import Sample, collate, samples_from_trajectories
 from trainers.model import build_policy, load_base_model, response_logprobs
 from trainers.prefix import collate_shared
 from trainers.step import StepSettings, train_step
-from trainers.worker import build_optimizer, make_scheduler
+from trainers.optim import build_optimizer, make_scheduler
 
 from .conftest import make_trajectories
 

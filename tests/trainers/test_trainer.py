@@ -35,7 +35,7 @@ def _probe_loop(config: dict) -> None:
 
     from trainers.model import build_policy, gather_adapter
     from trainers.step import StepSettings, train_step
-    from trainers.worker import build_optimizer, make_scheduler
+    from trainers.optim import build_optimizer, make_scheduler
 
     spec, device = config["spec"], torch.device("cpu")
     model = build_policy(spec.model, spec.actor.fsdp_config, device, spec.trainer.seed)
