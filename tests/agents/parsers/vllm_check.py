@@ -12,6 +12,7 @@ and a closing ``N passed, M failed`` line; exits 1 on any failure.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import os
 import sys
@@ -166,9 +167,10 @@ def check_serving_layer(tokenizer: Any) -> None:
             raise
         raise SkipCheck("this vLLM has no vllm.parser.ParserManager") from None
 
-    parser_cls = ParserManager.get_parser(
-        tool_parser_name="qwen25_coder", enable_auto_tools=True, model_name="qwen", tokenizer=tokenizer
-    )
+    kwargs = {"tool_parser_name": "qwen25_coder", "enable_auto_tools": True, "model_name": "qwen"}
+    if "tokenizer" in inspect.signature(ParserManager.get_parser).parameters:  # vLLM >= 0.32; 0.29 has none
+        kwargs["tokenizer"] = tokenizer
+    parser_cls = ParserManager.get_parser(**kwargs)
     request = make_request()
     _, content, calls = parser_cls(tokenizer, request.tools).parse(FENCED, request, enable_auto_tools=True)
     assert content == "Let me look." and [(c.name, json.loads(c.arguments)) for c in calls] == [

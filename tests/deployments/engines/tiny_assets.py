@@ -1,7 +1,6 @@
 """Model and adapter folders for the engine tests and checks (test helper, not collected).
 
-Shared by the pytest engine tests and by ``vllm_engine_check.py``, which runs in the separate vLLM
-venv: everything here needs only torch, transformers and peft.
+Shared by the HFEngine and VLLMEngine tests: everything here needs only torch, transformers and peft.
 """
 
 from __future__ import annotations
