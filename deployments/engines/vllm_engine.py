@@ -21,7 +21,8 @@ imports vllm; only constructing a ``VLLMEngine`` does.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from agents.records import AdapterRef, FinishReason, SamplingParams
 from deployments.engines.base import EngineOutput, PromptTooLong
@@ -46,7 +47,7 @@ def to_vllm_sampling(sampling: SamplingParams) -> dict[str, Any]:
     return {
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
-        "top_k": sampling.top_k if sampling.top_k > 0 else 0,  # vLLM: 0 disables top-k
+        "top_k": max(0, sampling.top_k),  # vLLM: 0 disables top-k
         "max_tokens": sampling.max_new_tokens,
         "stop_token_ids": list(sampling.stop_token_ids),
         "seed": sampling.seed,
@@ -69,7 +70,10 @@ class VLLMEngine:
         max_lora_rank: int = 64,
         max_loras: int = 2,
         vllm: Mapping[str, Any] | None = None,
+        ignore_eos: bool = False,
     ) -> None:
+        """``ignore_eos``: generate ``max_new_tokens`` whatever is sampled (benchmarks; ``HFEngine(eos_token_ids=())``
+        does the same), stop ids still stop."""
         from vllm import AsyncEngineArgs, AsyncLLMEngine
 
         engine_kwargs, self.server_options = split_vllm_kwargs(vllm or {})
@@ -79,6 +83,7 @@ class VLLMEngine:
         engine_kwargs.setdefault("max_lora_rank", max_lora_rank)
         engine_kwargs.setdefault("max_loras", max_loras)
         self.model_path = model_path
+        self.ignore_eos = ignore_eos
         self.engine_args = AsyncEngineArgs(model=model_path, **engine_kwargs)
         self._engine = AsyncLLMEngine.from_engine_args(self.engine_args)
         self.max_model_len = int(self._engine.model_config.max_model_len)
@@ -99,7 +104,8 @@ class VLLMEngine:
                 f"request {request_id!r}: prompt has {len(prompt)} tokens, max_model_len is {self.max_model_len} "
                 "(the prompt must leave room for at least one new token)"
             )
-        params = VLLMSamplingParams(**to_vllm_sampling(sampling), output_kind=RequestOutputKind.FINAL_ONLY)
+        params = VLLMSamplingParams(**to_vllm_sampling(sampling), ignore_eos=self.ignore_eos,
+                                    output_kind=RequestOutputKind.FINAL_ONLY)
         version, lora_request = self.version, self._lora_request
         final = None
         async for output in self._engine.generate(
