@@ -69,6 +69,9 @@ class SamplingParams:
     max_new_tokens: int = 256
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    json_schema: str | None = None
+    """A JSON schema (as JSON text) the output must match: constrained decoding, which only the vllm engine does
+    (vLLM's structured output); ``HFEngine`` refuses such a request."""
 
     def __post_init__(self) -> None:
         if self.temperature < 0:

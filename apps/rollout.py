@@ -152,6 +152,7 @@ def build_app(args: dict[str, Any] | RolloutAppArgs) -> Application:
         spec_args.parser,
         spec_args.max_model_len,
         spec_args.api_key_env,
+        spec_args.engine,
     )
 
 

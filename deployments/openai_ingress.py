@@ -16,6 +16,7 @@ ingress can run several replicas.
 
 # No ``from __future__ import annotations`` here: FastAPI must see the real request-model classes on the
 # route signatures (Serve's ingress wrapper cannot resolve string annotations, and the body became a query).
+import json
 import logging
 import os
 import time
@@ -43,6 +44,8 @@ from deployments.openai_protocol import (
     build_chat_completion,
     chat_chunks,
     flatten_content,
+    forced_tool_message,
+    forced_tool_schema,
     logprobs_content,
     sample_message,
     sse,
@@ -119,6 +122,7 @@ class OpenAIIngress:
         parser: str,
         max_model_len: int,
         api_key_env: str | None = None,
+        engine: str = "hf",
     ) -> None:
         from transformers import AutoTokenizer  # heavy import, only in the replica
 
@@ -127,6 +131,7 @@ class OpenAIIngress:
         self.served_model_name = served_model_name
         self.parser = parser
         self.max_model_len = max_model_len
+        self.engine = engine  # the rollout engine's name: only vllm decodes under a JSON schema
         self.api_key = os.environ.get(api_key_env) if api_key_env else None
         self._store_name = f"tandem-sessions-{serve.get_replica_context().app_name}"
         self._store = self._session_store()
@@ -164,11 +169,20 @@ class OpenAIIngress:
     ) -> Any:
         self._authorize(authorization)
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+        forced = body.forced_tool
+        schema = None
+        if forced is not None:
+            if self.engine != "vllm":
+                raise HTTPException(400, f"tool_choice {body.tool_choice!r} forces a tool call, which needs constrained "
+                                         f"decoding: this app's engine is {self.engine!r}; serve with the vllm engine "
+                                         "(actor_rollout_ref.rollout.name=vllm), or send tool_choice 'auto'")
+            schema = json.dumps(forced_tool_schema(forced, body.tools or []))
         prompt_ids = await self._render(body, x_session_id)
         wanted = body.max_completion_tokens or body.max_tokens or DEFAULT_MAX_TOKENS
-        samples = await self._sample(body, prompt_ids, wanted, completion_id, x_session_id)
+        samples = await self._sample(body, prompt_ids, wanted, completion_id, x_session_id, json_schema=schema)
         model = body.model or self.served_model_name
-        messages = [sample_message(s, self.tokenizer, self.parser, body.parse_tools) for s in samples]
+        messages = [forced_tool_message(s, self.tokenizer, forced) if forced is not None
+                    else sample_message(s, self.tokenizer, self.parser, body.parse_tools) for s in samples]
         if body.stream:
             created = int(time.time())
             chunks = []
@@ -176,7 +190,7 @@ class OpenAIIngress:
                 chunks += chat_chunks(completion_id=completion_id, created=created, model=model, index=index,
                                       sample=sample, message=message, tokenizer=self.tokenizer, parser=self.parser,
                                       parse_tools=body.parse_tools, logprobs=body.logprobs,
-                                      token_ids=body.return_token_ids)
+                                      token_ids=body.return_token_ids, forced=forced is not None)
             return self._stream(chunks, body, completion_id, created, model, "chat.completion.chunk", prompt_ids,
                                 samples)
         response = build_chat_completion(completion_id=completion_id, model=model, prompt_len=len(prompt_ids),
@@ -240,9 +254,9 @@ class OpenAIIngress:
         return StreamingResponse(iter([sse(chunks)]), media_type="text/event-stream")
 
     async def _sample(self, body: SamplingRequest, prompt_ids: tuple[int, ...], wanted: int, completion_id: str,
-                      session_id: str | None) -> list[Sample]:
+                      session_id: str | None, json_schema: str | None = None) -> list[Sample]:
         """``body.n`` answers to one prompt (generated together), ``stop`` applied, recorded under the session."""
-        sampling = self._sampling(body, len(prompt_ids), wanted)
+        sampling = replace(self._sampling(body, len(prompt_ids), wanted), json_schema=json_schema)
         requests = [
             GenerateRequest(
                 prompt_ids=prompt_ids,

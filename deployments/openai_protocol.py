@@ -4,8 +4,11 @@
 here from sampled token ids, so unit tests check the wire format without a cluster.
 
 - ``ChatCompletionRequest`` / ``CompletionRequest``: the subset of OpenAI's chat and legacy completions requests
-  the server implements; anything it cannot honour (``tool_choice: "required"``, a named function, ``echo``,
-  ``top_logprobs > 0``) is a validation error, which the ingress answers with 400 in OpenAI's error shape.
+  the server implements; anything it cannot honour (``echo``, ``top_logprobs > 0``) is a validation error, which
+  the ingress answers with 400 in OpenAI's error shape.
+- ``forced_tool_schema`` / ``forced_tool_message``: ``tool_choice: "required"`` or a named function as vLLM's
+  OpenAI server does it: the output is constrained to a JSON schema (an array of ``{name, parameters}``, or the
+  named function's arguments) and that JSON becomes ``tool_calls``. Only the vllm engine constrains decoding.
 - ``apply_stop``: ``stop`` strings cut the sampled ids after the token that completes the first stop string.
 - ``chat_completion`` / ``text_completion``: one response object for ``n`` samples.
 - ``chat_chunks`` / ``text_chunks``: the same answer as stream chunks, one per sampled token; tool calls are
@@ -22,7 +25,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agents.parsers import parse_tool_calls, strip_end_markers
 from agents.parsers.streaming import ToolCallStream
@@ -82,8 +85,8 @@ class ChatCompletionRequest(SamplingRequest):
     messages: list[dict[str, Any]] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    """``auto`` or ``none``. ``required`` and a named function need constrained decoding, which neither engine
-    adapter implements: refused with 400 rather than ignored."""
+    """``auto``, ``none``, ``required`` or ``{"type": "function", "function": {"name": ...}}``; the last two need
+    constrained decoding (the vllm engine): the hf engine answers them with 400 rather than ignoring them."""
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=0)
@@ -91,12 +94,36 @@ class ChatCompletionRequest(SamplingRequest):
 
     @field_validator("tool_choice")
     @classmethod
-    def _tool_choice(cls, value: str | dict[str, Any] | None) -> str | None:
-        if value in (None, "auto", "none"):
+    def _tool_choice(cls, value: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        if value in (None, "auto", "none", "required"):
             return value
-        wanted = "a named function" if isinstance(value, dict) else repr(value)
-        raise ValueError(f"{wanted} is not supported: forcing a tool call needs constrained decoding, which this "
-                         "server does not implement; send 'auto' (the model decides) or 'none'")
+        if isinstance(value, dict):
+            name = (value.get("function") or {}).get("name") if value.get("type") == "function" else None
+            if isinstance(name, str) and name:
+                return {"type": "function", "function": {"name": name}}
+            raise ValueError('a named tool_choice is {"type": "function", "function": {"name": "<tool name>"}}')
+        raise ValueError(f"{value!r} is not one of 'auto', 'none', 'required' or a named function")
+
+    @model_validator(mode="after")
+    def _forced_needs_tools(self) -> "ChatCompletionRequest":
+        if self.forced_tool is None:
+            return self
+        names = [(t.get("function") or {}).get("name") for t in self.tools or ()]
+        if not names:
+            raise ValueError("tool_choice: forcing a tool call needs tools")
+        if self.forced_tool != "required" and self.forced_tool not in names:
+            raise ValueError(f"tool_choice names function {self.forced_tool!r}, which is not among the tools "
+                             f"({', '.join(map(str, names))})")
+        return self
+
+    @property
+    def forced_tool(self) -> str | None:
+        """``"required"``, the named function's name, or None when the model decides (or may not call)."""
+        if self.tool_choice == "required":
+            return "required"
+        if isinstance(self.tool_choice, dict):
+            return self.tool_choice["function"]["name"]
+        return None
 
     @field_validator("messages")
     @classmethod
@@ -225,6 +252,36 @@ def sample_message(sample: Sample, tokenizer: Any, parser: str, parse_tools: boo
     return message
 
 
+def forced_tool_schema(forced: str, tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """The JSON schema a forced tool call is decoded under (vLLM's server uses the same two shapes): for
+    ``required`` an array of one or more ``{"name": <a tool>, "parameters": <its schema>}``; for a named function
+    its parameters object."""
+    functions = [t.get("function") or {} for t in tools]
+    params = {f.get("name"): f.get("parameters") or {"type": "object"} for f in functions}
+    if forced != "required":
+        return params[forced]
+    return {"type": "array", "minItems": 1, "items": {"anyOf": [
+        {"type": "object", "properties": {"name": {"type": "string", "enum": [name]}, "parameters": schema},
+         "required": ["name", "parameters"]} for name, schema in params.items()]}}
+
+
+def forced_tool_message(sample: Sample, tokenizer: Any, forced: str) -> dict[str, Any]:
+    """The assistant message of an answer decoded under ``forced_tool_schema``: its JSON as ``tool_calls``. An answer
+    cut short (``max_tokens``) is not complete JSON: it comes back as content, with no call."""
+    text = strip_end_markers(tokenizer.decode(list(sample.result.token_ids), skip_special_tokens=False), tokenizer)
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return {"role": "assistant", "content": text}
+    try:  # the schema guarantees this shape for complete output
+        pairs = [(c["name"], c["parameters"]) for c in value] if forced == "required" else [(forced, value)]
+    except (KeyError, TypeError):
+        return {"role": "assistant", "content": text}
+    calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+              "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}} for name, args in pairs]
+    return {"role": "assistant", "content": None, "tool_calls": calls}
+
+
 def finish_reason(result: GenerateResult, has_calls: bool) -> str:
     if has_calls:
         return "tool_calls"
@@ -303,9 +360,13 @@ def _chunk(completion_id: str, created: int, model: str, obj: str, choice: dict[
 
 def chat_chunks(*, completion_id: str, created: int, model: str, index: int, sample: Sample, message: dict[str, Any],
                 tokenizer: Any, parser: str, parse_tools: bool, logprobs: bool,
-                token_ids: bool) -> list[dict[str, Any]]:
+                token_ids: bool, forced: bool = False) -> list[dict[str, Any]]:
     """One sample's ``chat.completion.chunk`` objects: the role, then one chunk per sampled token (its content delta,
-    any tool call completed by it, its log-prob and id when asked), then the finish reason."""
+    any tool call completed by it, its log-prob and id when asked), then the finish reason. A ``forced`` answer
+    (``forced_tool_message``) streams no content: its calls come with the last token, complete JSON being known only
+    then; one cut short streams as content."""
+    if forced and message.get("tool_calls"):
+        return _forced_chunks(completion_id, created, model, index, sample, message, tokenizer, logprobs, token_ids)
     result = sample.result
     ids = result.token_ids
     final = sample.before_stop if sample.before_stop is not None else strip_end_markers(
@@ -347,6 +408,28 @@ def chat_chunks(*, completion_id: str, created: int, model: str, index: int, sam
     chunks.append(_chunk(completion_id, created, model, "chat.completion.chunk",
                          {"index": index, "delta": {}, "logprobs": None,
                           "finish_reason": finish_reason(result, calls_sent > 0)}))
+    return chunks
+
+
+def _forced_chunks(completion_id: str, created: int, model: str, index: int, sample: Sample, message: dict[str, Any],
+                   tokenizer: Any, logprobs: bool, token_ids: bool) -> list[dict[str, Any]]:
+    ids, result = sample.result.token_ids, sample.result
+    chunks = [_chunk(completion_id, created, model, "chat.completion.chunk",
+                     {"index": index, "delta": {"role": "assistant", "content": None}, "logprobs": None,
+                      "finish_reason": None})]
+    for k, token in enumerate(ids):
+        delta: dict[str, Any] = {}
+        if k == len(ids) - 1:
+            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
+        choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+        if logprobs:
+            choice["logprobs"] = {"content": [logprob_entry(token, result.logprobs[k], tokenizer)]}
+        if token_ids:
+            choice["token_ids"] = [token]
+        if delta or logprobs or token_ids:
+            chunks.append(_chunk(completion_id, created, model, "chat.completion.chunk", choice))
+    chunks.append(_chunk(completion_id, created, model, "chat.completion.chunk",
+                         {"index": index, "delta": {}, "logprobs": None, "finish_reason": "tool_calls"}))
     return chunks
 
 

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
+
+# vLLM's CPU backend (the vllm tests) reserves this many GiB for its KV cache up front, and binds OpenMP threads to
+# cores unless told not to: small and unbound on a shared 2-core box. Set before any Ray cluster starts, so the
+# Serve replicas that run vLLM inherit them.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 
 @pytest.fixture(scope="session")

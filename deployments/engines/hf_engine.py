@@ -149,6 +149,9 @@ class HFEngine:
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise ValueError(f"request {request_id!r}: empty prompt_ids")
+        if sampling.json_schema is not None:
+            raise ValueError(f"request {request_id!r}: constrained decoding (json_schema) needs the vllm engine; "
+                             "HFEngine samples freely")
         if not all(0 <= t < self._vocab_size for t in prompt):
             bad = next(t for t in prompt if not 0 <= t < self._vocab_size)
             # checked here: an out-of-range id would fail the forward pass of every request batched with it

@@ -21,6 +21,7 @@ imports vllm; only constructing a ``VLLMEngine`` does.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -53,7 +54,17 @@ def to_vllm_sampling(sampling: SamplingParams) -> dict[str, Any]:
         "seed": sampling.seed,
         "logprobs": 0,  # only the sampled token's log-prob
         "detokenize": False,
+        **structured_output(sampling.json_schema),
     }
+
+
+def structured_output(json_schema: str | None) -> dict[str, Any]:
+    """``vllm.SamplingParams`` keyword arguments that constrain the output to a JSON schema (none without one)."""
+    if json_schema is None:
+        return {}
+    from vllm.sampling_params import StructuredOutputsParams
+
+    return {"structured_outputs": StructuredOutputsParams(json=json.loads(json_schema))}
 
 
 class VLLMEngine:

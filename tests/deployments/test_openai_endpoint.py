@@ -107,7 +107,8 @@ def test_logprobs_token_ids_and_errors_in_openais_shape(rollout_app):
     assert choice["token_ids"] == list(call.response_ids) and reply["prompt_token_ids"] == list(call.prompt_ids)
     assert [c["logprob"] for c in choice["logprobs"]["content"]] == pytest.approx(list(call.logprobs))
     for bad, said in (({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role 'wizard'"),
-                      ({"tool_choice": "required"}, "constrained decoding"), ({"n": 9}, "n")):
+                      ({"tool_choice": "required", "tools": TOOLS}, "needs constrained decoding: this app's engine "
+                                                                      "is 'hf'"), ({"n": 9}, "n")):
         response = httpx.post(url, json={**body, **bad}, headers=_auth(rollout_app), timeout=60)
         assert response.status_code == 400, response.text
         error = response.json()["error"]

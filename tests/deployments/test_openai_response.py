@@ -14,6 +14,8 @@ from deployments.openai_protocol import (
     build_chat_completion,
     chat_chunks,
     completion_message,
+    forced_tool_message,
+    forced_tool_schema,
     text_chunks,
     text_completion,
 )
@@ -70,8 +72,11 @@ def test_tool_choice_none_leaves_call_text_as_content(qwen_tokenizer):
 def test_request_model_rejects_unsupported_options():
     base = {"messages": [{"role": "user", "content": "hi"}]}
     assert ChatCompletionRequest.model_validate(base).tool_choice is None
-    for bad, said in (({"n": 9}, "n"), ({"tool_choice": "required"}, "constrained decoding"),
-                      ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "a named function"),
+    for bad, said in (({"n": 9}, "n"), ({"tool_choice": "required"}, "forcing a tool call needs tools"),
+                      ({"tool_choice": {"type": "function", "function": {"name": "f"}}, "tools": [TOOL_ADD]},
+                       "names function 'f', which is not among the tools"),
+                      ({"tool_choice": {"type": "function"}}, "a named tool_choice is"),
+                      ({"tool_choice": "always"}, "'always' is not one of"),
                       ({"temperature": -1}, "temperature"), ({"stream_options": {"x": 1}}, "stream_options")):
         with pytest.raises(ValueError, match=said):
             ChatCompletionRequest.model_validate({**base, **bad})
@@ -183,3 +188,52 @@ def test_logprobs_and_token_ids_extensions_and_message_checks(qwen_tokenizer):
                       ({**base, "top_logprobs": 3}, "top_logprobs")):
         with pytest.raises(ValueError, match=re.escape(said)):
             ChatCompletionRequest.model_validate(bad)
+
+
+TOOL_ADD = {"type": "function", "function": {"name": "add", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
+TOOL_NOW = {"type": "function", "function": {"name": "now"}}  # no parameters
+
+
+def test_forced_tool_choice_schemas_are_vllms_two_shapes():
+    base = {"messages": [{"role": "user", "content": "hi"}], "tools": [TOOL_ADD, TOOL_NOW]}
+    required = ChatCompletionRequest.model_validate({**base, "tool_choice": "required"})
+    named = ChatCompletionRequest.model_validate({**base, "tool_choice": {"type": "function",
+                                                                          "function": {"name": "add"}}})
+    auto = ChatCompletionRequest.model_validate({**base, "tool_choice": "auto"})
+    assert (required.forced_tool, named.forced_tool, auto.forced_tool) == ("required", "add", None)
+    schema = forced_tool_schema("required", base["tools"])
+    assert schema["type"] == "array" and schema["minItems"] == 1
+    names = [item["properties"]["name"]["enum"] for item in schema["items"]["anyOf"]]
+    assert names == [["add"], ["now"]]
+    assert schema["items"]["anyOf"][1]["properties"]["parameters"] == {"type": "object"}
+    assert forced_tool_schema("add", base["tools"]) == TOOL_ADD["function"]["parameters"]
+
+
+def _sample_of(text, tokenizer, finish="stop"):
+    ids = tuple(tokenizer.encode(text, add_special_tokens=False))
+    return Sample(GenerateResult(token_ids=ids, logprobs=(-0.5,) * len(ids), finish_reason=finish,
+                                 policy_version=2, token_versions=(2,) * len(ids)))
+
+
+def test_a_forced_answer_becomes_tool_calls_and_one_cut_short_stays_content(qwen_tokenizer):
+    sample = _sample_of('[{"name": "add", "parameters": {"a": 1, "b": 2}}, {"name": "now", "parameters": {}}]',
+                        qwen_tokenizer)
+    message = forced_tool_message(sample, qwen_tokenizer, "required")
+    assert message["content"] is None
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]] == [
+        ("add", {"a": 1, "b": 2}), ("now", {})]
+    named = forced_tool_message(_sample_of('{"a": 3, "b": 4}', qwen_tokenizer), qwen_tokenizer, "add")
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in named["tool_calls"]] == [
+        ("add", {"a": 3, "b": 4})]
+    cut = forced_tool_message(_sample_of('{"a": 3, "b"', qwen_tokenizer, "length"), qwen_tokenizer, "add")
+    assert cut == {"role": "assistant", "content": '{"a": 3, "b"'}
+    # streamed: no content, the calls with the last token, finish reason tool_calls
+    chunks = chat_chunks(completion_id="c", created=0, model="m", index=0, sample=sample, message=message,
+                         tokenizer=qwen_tokenizer, parser="hermes", parse_tools=True, logprobs=True, token_ids=True,
+                         forced=True)
+    content, calls, finish = _joined(chunks)
+    assert content == "" and finish == ["tool_calls"]
+    assert [{"name": c["name"], "arguments": c["arguments"]} for c in calls] == [
+        c["function"] for c in message["tool_calls"]]
+    assert sum(1 for c in chunks if c["choices"][0].get("token_ids")) == len(sample.result.token_ids)

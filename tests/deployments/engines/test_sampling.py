@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import importlib.util
+import json
 import math
 import subprocess
 import sys
@@ -126,6 +129,18 @@ def test_vllm_sampling_translation() -> None:
                                              stop_token_ids=(4, 9), seed=11))
     assert kwargs == {"temperature": 0.7, "top_p": 0.9, "top_k": 0, "max_tokens": 5, "stop_token_ids": [4, 9],
                       "seed": 11, "logprobs": 0, "detokenize": False}
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed here")
+def test_a_json_schema_becomes_vllms_structured_output() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    kwargs = to_vllm_sampling(SamplingParams(json_schema=json.dumps(schema)))
+    assert kwargs["structured_outputs"].json == schema
+    with pytest.raises(ValueError, match="request 'r1': constrained decoding \\(json_schema\\) needs the vllm"):
+        from deployments.engines.hf_engine import HFEngine
+
+        asyncio.run(HFEngine.generate(object.__new__(HFEngine), [1], SamplingParams(json_schema="{}"), "r1"))
 
 
 @pytest.mark.unit

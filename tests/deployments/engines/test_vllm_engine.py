@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import os
 from pathlib import Path
 
 import pytest
@@ -48,9 +47,6 @@ def prompts(tiny_model_dir: Path) -> list[list[int]]:
 def engine(tiny_model_dir: Path, loop):
     from deployments.engines.vllm_engine import VLLMEngine
 
-    # vLLM's CPU backend reserves this many GiB for the KV cache up front: keep it small on a shared box
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     engine = VLLMEngine(
         str(tiny_model_dir), max_model_len=MAX_MODEL_LEN, max_lora_rank=8,
         vllm={"dtype": "float32", "enforce_eager": True, "enable_auto_tool_choice": True,
