@@ -131,7 +131,9 @@ class GenerateResult:
 class AdapterRef:
     """A LoRA adapter published by the trainer: a peft adapter folder and the policy version it makes.
 
-    ``path`` must be readable by every rollout replica (same node, or shared storage on a cluster).
+    A replica loads ``path`` where it can read it (its node wrote it, or shared storage); elsewhere it loads the
+    same files from ``files``, a Ray object reference to ``{file name: bytes}`` of the folder that the trainer
+    puts in the object store, so a cluster needs no shared filesystem for weight syncs.
     Version 0 is the run's starting policy: the base model (``path`` empty) or, when the run starts from a
     saved adapter (``actor_rollout_ref.model.lora_adapter_path``), that adapter.
     """
@@ -142,6 +144,8 @@ class AdapterRef:
     # the training step whose update made it (None: not from a step). Equal to ``version`` until a learner
     # restarts from a checkpoint: versions keep increasing, the step goes back to the checkpoint's
     step: int | None = None
+    # ObjectRef[dict[str, bytes]] of the adapter folder's files (None: ``path`` only); not part of equality
+    files: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.version < 0:

@@ -5,7 +5,8 @@ ref in its constructor (so a replica that autoscaling starts later loads it befo
 long-polls ``wait_newer`` to hear about the next one. ``publish`` returns only when every live replica
 has acknowledged the new version, so "published" means "sampled with from now on" — the failure where
 rollouts silently keep sampling the old policy (verl #7495) shows up as a ``TimeoutError`` naming the
-lagging replicas, not as quietly stale data.
+lagging replicas, not as quietly stale data; a replica that cannot load the adapter reports why
+(``load_failed``), and the publish fails at once with that cause.
 
 A new training run on an app that outlives runs (deployed with ``serve deploy``) starts with
 ``reset``: every replica goes back to the run's starting policy, version 0 (the base model, or the saved
@@ -44,6 +45,7 @@ class AdapterRegistry:
         self._liveness_s = liveness_s
         self._loaded: dict[str, tuple[int, str]] = {}  # replica -> (version, path) it samples with
         self._last_seen: dict[str, float] = {}
+        self._failed: dict[str, tuple[int, str, str]] = {}  # replica -> (version, path, error) it could not load
 
     def latest(self) -> AdapterRef:
         return self._latest
@@ -101,11 +103,19 @@ class AdapterRegistry:
         """A replica is alive and samples with ``loaded_version`` (the adapter at ``loaded_path``)."""
         self._last_seen[replica_id] = time.monotonic()
         self._loaded[replica_id] = (loaded_version, loaded_path)
+        if replica_id in self._failed and loaded_version >= self._failed[replica_id][0]:
+            del self._failed[replica_id]
+
+    def load_failed(self, replica_id: str, version: int, path: str, error: str) -> None:
+        """A replica could not load the adapter ``version`` at ``path``: a publish waiting for it fails now, with
+        ``error``, instead of timing out without a cause (the replica keeps retrying)."""
+        self._failed[replica_id] = (version, path, error)
 
     def forget(self, replica_id: str) -> None:
         """A replica shut down cleanly; stop waiting for it."""
         self._last_seen.pop(replica_id, None)
         self._loaded.pop(replica_id, None)
+        self._failed.pop(replica_id, None)
 
     def live_replicas(self) -> dict[str, int]:
         """``{replica_id: loaded version}`` of the replicas heard from within ``liveness_s``."""
@@ -119,6 +129,11 @@ class AdapterRegistry:
             lagging = sorted(r for r, v in live.items() if v < version)
             if not lagging:
                 return live
+            failed = {r: self._failed[r] for r in lagging if r in self._failed and self._failed[r][0] == version}
+            if failed:
+                _, path, error = failed[min(failed)]
+                raise RuntimeError(f"adapter version {version} ({path!r}) failed to load on replica(s) "
+                                   f"{sorted(failed)}: {error}")
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"adapter version {version} not loaded after {timeout_s}s by replica(s) {lagging} "

@@ -18,9 +18,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
+import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Literal
 
 from ray import serve
@@ -116,6 +119,7 @@ class RolloutServer:
         self.actor_name = ""  # the Ray actor's name when running as a Serve replica
         self.policy_version = 0
         self.adapter_path = ""  # of the adapter sampling now ("" = base model; version 0 may have one)
+        self._adapter_dir: Path | None = None  # copies of adapters this node cannot read at their path
         self._gate = _VersionGate()
         self._swaps_while_generating = bool(getattr(engine, "swaps_while_generating", False))
         self._swap_lock = asyncio.Lock()
@@ -154,13 +158,32 @@ class RolloutServer:
 
     async def load_adapter(self, ref: AdapterRef) -> int:
         """Sample with ``ref`` from now on (after the running generates finish, unless the engine swaps
-        between steps itself); returns the version."""
+        between steps itself); returns the version. Where ``ref.path`` is not readable here (another node wrote
+        it), its files come from the object store (``ref.files``) into a folder of this replica."""
+        local = await self._readable(ref)
         async with self._swap_lock if self._swaps_while_generating else self._gate.swapping():
-            await self.engine.load_adapter(ref)
+            await self.engine.load_adapter(local)
+            # the published path, not the local copy: the registry matches replicas to refs by (version, path)
             self.policy_version, self.adapter_path = ref.version, ref.path
         self.metrics.set_adapter_version(ref.version)
         logger.info("replica %s now samples with policy version %d (%s)", self.replica_id, ref.version, ref.path)
         return self.policy_version
+
+    async def _readable(self, ref: AdapterRef) -> AdapterRef:
+        if not ref.path or Path(ref.path).is_dir() or ref.files is None:
+            return ref  # the base model, a folder this node can read, or nothing else to load from
+        files: dict[str, bytes] = await ref.files
+        if self._adapter_dir is None:
+            self._adapter_dir = Path(tempfile.mkdtemp(prefix=f"tandem-adapters-{self.replica_id}-"))
+        folder = self._adapter_dir / f"v{ref.version}-{uuid.uuid4().hex[:8]}"
+        folder.mkdir()
+        for name, data in files.items():
+            (folder / Path(name).name).write_bytes(data)
+        for old in sorted(self._adapter_dir.iterdir(), key=lambda p: p.stat().st_mtime)[:-3]:  # keep the newest 3
+            shutil.rmtree(old, ignore_errors=True)
+        logger.info("replica %s: adapter v%d is not readable at %s here; loaded its %d files from the object store",
+                    self.replica_id, ref.version, ref.path, len(files))
+        return replace(ref, path=str(folder))
 
     async def check_health(self) -> None:
         """A real one-token greedy generate; raises if the engine cannot produce it."""
@@ -200,13 +223,22 @@ class RolloutServer:
         if registry is not None:
             await registry.forget.remote(self.replica_id)
         await self.engine.close()
+        if self._adapter_dir is not None:
+            shutil.rmtree(self._adapter_dir, ignore_errors=True)
 
     async def _follow_loop(self, registry: ActorHandle, poll_s: float) -> None:
         while True:
             try:
                 ref = await registry.wait_newer.remote(self.replica_id, self.policy_version, poll_s, self.adapter_path)
                 if ref is not None:
-                    await self.load_adapter(ref)
+                    try:
+                        await self.load_adapter(ref)
+                    except Exception as exc:
+                        # the publisher waits on this replica: tell it why, so its publish fails with the cause
+                        with contextlib.suppress(Exception):
+                            await registry.load_failed.remote(self.replica_id, ref.version, ref.path,
+                                                              f"{type(exc).__name__}: {exc}")
+                        raise
                     await registry.heartbeat.remote(self.replica_id, self.policy_version, self.adapter_path)
             except asyncio.CancelledError:
                 raise

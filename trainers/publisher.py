@@ -7,6 +7,8 @@ publisher that loads the adapter on every rollout replica.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from agents.records import AdapterRef
@@ -22,6 +24,8 @@ class AdapterLog:
         if self._refs and ref.version <= self._refs[-1].version:
             # A retried step after a worker failure republishes its version: keep the newest path.
             self._refs = [r for r in self._refs if r.version < ref.version]
+        # only the newest keeps its object-store copy: a replica that joins later loads the newest
+        self._refs = [replace(r, files=None) for r in self._refs]
         self._refs.append(ref)
 
     def published(self) -> list[AdapterRef]:
@@ -29,6 +33,14 @@ class AdapterLog:
 
     def latest(self) -> AdapterRef:
         return self._refs[-1] if self._refs else AdapterRef(version=0)
+
+
+def adapter_files(folder: str | Path) -> Any:
+    """The adapter folder's files (``{name: bytes}``) as a Ray object, for replicas that cannot read ``folder``."""
+    import ray
+
+    folder = Path(folder)
+    return ray.put({f.name: f.read_bytes() for f in sorted(folder.iterdir()) if f.is_file()})
 
 
 def latest_published(publisher: Any) -> int:

@@ -34,7 +34,7 @@ from trainers.model import (
     training_state,
 )
 from trainers.optim import build_optimizer, make_scheduler
-from trainers.publisher import latest_published, publish
+from trainers.publisher import adapter_files, latest_published, publish
 from trainers.step import StepSettings, train_step
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,8 @@ def _publish_adapter(spec: WorkerSpec, model, progress: Progress, rank: int) -> 
         return None
     version = progress.policy_version
     path = save_adapter(model, adapter, Path(spec.run_dir) / "adapters" / f"v{version}")
-    ref = AdapterRef(version=version, path=str(path), base_model=spec.model.path, step=progress.step)
+    ref = AdapterRef(version=version, path=str(path), base_model=spec.model.path, step=progress.step,
+                     files=adapter_files(path))
     publish(spec.publisher, ref)
     return ref
 

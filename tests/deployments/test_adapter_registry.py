@@ -123,3 +123,70 @@ async def _generate_with(model_dir, ref: AdapterRef, request):
         return await engine.generate(request.prompt_ids, request.sampling, "reference")
     finally:
         await engine.close()
+
+
+def test_an_adapter_a_replica_cannot_load_fails_the_publish_with_the_cause(ray_cluster, tiny_model_dir, tmp_path):
+    """Not a 120 s timeout without a reason: the replica reports the load error and the publish raises it."""
+    import asyncio
+    import time
+
+    from deployments.adapter_registry import AdapterRegistry
+    from deployments.engines.hf_engine import HFEngine
+    from deployments.rollout_server import RolloutServer
+
+    bad = tmp_path / "not-an-adapter"
+    bad.mkdir()
+    (bad / "adapter_config.json").write_text("{}")
+    registry = AdapterRegistry.options(name="load-fail-test", namespace="tandem-tests").remote()
+
+    async def scenario():
+        server = RolloutServer(HFEngine(str(tiny_model_dir), max_model_len=64), replica_id="r0")
+        await server.follow(registry, poll_s=0.5)
+        start = time.monotonic()
+        try:
+            await registry.publish.remote(AdapterRef(1, str(bad)), 60.0)
+        except Exception as exc:  # noqa: BLE001 (the RayTaskError carries the registry's RuntimeError)
+            return exc, time.monotonic() - start, server.policy_version
+        finally:
+            await server.close(registry)
+        return None, time.monotonic() - start, server.policy_version
+
+    error, seconds, version = asyncio.run(scenario())
+    ray.kill(registry)
+    assert error is not None and version == 0
+    assert "adapter version 1 ('" in str(error) and "failed to load on replica(s) ['r0']" in str(error), str(error)
+    assert seconds < 30, seconds
+
+
+def test_a_replica_that_cannot_read_the_adapter_path_loads_it_from_the_object_store(ray_cluster, tiny_model_dir,
+                                                                                      adapter_paths):
+    """A cluster without a shared filesystem: the trainer's folder exists only on its node; the replica loads the
+    files the trainer put in the object store and samples exactly as from the folder itself."""
+    import asyncio
+
+    from agents.records import GenerateRequest, SamplingParams
+    from deployments.adapter_registry import AdapterRegistry
+    from deployments.engines.hf_engine import HFEngine
+    from deployments.rollout_server import RolloutServer
+    from trainers.publisher import adapter_files
+
+    registry = AdapterRegistry.options(name="files-test", namespace="tandem-tests").remote()
+    request = GenerateRequest((5, 6, 7), SamplingParams(temperature=0.0, max_new_tokens=8))
+    elsewhere = "/nonexistent/trainer-node/run/adapters/v2"  # what the trainer's node wrote
+
+    async def scenario():
+        server = RolloutServer(HFEngine(str(tiny_model_dir), max_model_len=64), replica_id="r0")
+        await server.follow(registry, poll_s=0.5)
+        await registry.publish.remote(AdapterRef(1, str(adapter_paths[1])), 30.0)
+        by_path = await server.generate(request)
+        loaded = await registry.publish.remote(AdapterRef(2, elsewhere, files=adapter_files(adapter_paths[1])), 30.0)
+        from_store = await server.generate(request)
+        copies = sorted(p.name for p in server._adapter_dir.iterdir())
+        await server.close(registry)
+        return by_path, loaded, from_store, copies, server.adapter_path
+
+    by_path, loaded, from_store, copies, path = asyncio.run(scenario())
+    ray.kill(registry)
+    assert loaded == {"r0": 2} and path == elsewhere  # the registry sees the published ref, not the local copy
+    assert (from_store.policy_version, from_store.token_ids) == (2, by_path.token_ids)
+    assert len(copies) == 1 and copies[0].startswith("v2-")
