@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from agents.parsers import parse_tool_calls, strip_end_markers
 from agents.parsers.streaming import ToolCallStream
-from agents.records import GenerateResult
+from agents.records import GenerateResult, ToolCall
 
 MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_N = 8
@@ -105,7 +105,7 @@ class ChatCompletionRequest(SamplingRequest):
         raise ValueError(f"{value!r} is not one of 'auto', 'none', 'required' or a named function")
 
     @model_validator(mode="after")
-    def _forced_needs_tools(self) -> "ChatCompletionRequest":
+    def _forced_needs_tools(self) -> ChatCompletionRequest:
         if self.forced_tool is None:
             return self
         names = [(t.get("function") or {}).get("name") for t in self.tools or ()]
@@ -274,12 +274,11 @@ def forced_tool_message(sample: Sample, tokenizer: Any, forced: str) -> dict[str
     except json.JSONDecodeError:
         return {"role": "assistant", "content": text}
     try:  # the schema guarantees this shape for complete output
-        pairs = [(c["name"], c["parameters"]) for c in value] if forced == "required" else [(forced, value)]
-    except (KeyError, TypeError):
+        calls = ([ToolCall(c["name"], c["parameters"]) for c in value] if forced == "required"
+                 else [ToolCall(forced, value)])
+    except (KeyError, TypeError, ValueError):
         return {"role": "assistant", "content": text}
-    calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-              "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}} for name, args in pairs]
-    return {"role": "assistant", "content": None, "tool_calls": calls}
+    return {"role": "assistant", "content": None, "tool_calls": [_openai_call(call) for call in calls]}
 
 
 def finish_reason(result: GenerateResult, has_calls: bool) -> str:
