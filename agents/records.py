@@ -131,8 +131,8 @@ class GenerateResult:
 class AdapterRef:
     """A LoRA adapter published by the trainer: a peft adapter folder and the policy version it makes.
 
-    A replica loads ``path`` where it can read it (its node wrote it, or shared storage); elsewhere it loads the
-    same files from ``files``, a Ray object reference to ``{file name: bytes}`` of the folder that the trainer
+    A replica on the node that wrote ``path`` (``node_id``) loads it from there; a replica on any other node loads
+    the same files from ``files``, a Ray object reference to ``{file name: bytes}`` of the folder that the trainer
     puts in the object store, so a cluster needs no shared filesystem for weight syncs.
     Version 0 is the run's starting policy: the base model (``path`` empty) or, when the run starts from a
     saved adapter (``actor_rollout_ref.model.lora_adapter_path``), that adapter.
@@ -146,6 +146,8 @@ class AdapterRef:
     step: int | None = None
     # ObjectRef[dict[str, bytes]] of the adapter folder's files (None: ``path`` only); not part of equality
     files: Any = field(default=None, compare=False, repr=False)
+    # the Ray node whose disk holds ``path`` ("" = unknown: any node that can read ``path`` loads it from there)
+    node_id: str = field(default="", compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.version < 0:

@@ -22,6 +22,7 @@ import ray
 from agents.data.rows import DatasetRow, load_rows
 from agents.data.truncation import PromptTooLongError
 from agents.records import AdapterRef
+from apps.cluster import ClusterError, keep_copy
 from configs import TandemConfig
 
 log = logging.getLogger("tandem_rl.driver")
@@ -96,7 +97,7 @@ def cli(main: Any) -> int:
     warnings.showwarning = show
     try:
         return main()
-    except (ConfigError, DataError, PromptTooLongError, ResourceError, FileNotFoundError) as exc:
+    except (ConfigError, DataError, PromptTooLongError, ResourceError, ClusterError, FileNotFoundError) as exc:
         if debug:
             raise
         print(f"error: {exc}", file=sys.stderr)
@@ -108,15 +109,16 @@ INGRESS_CPUS = 0.1  # the OpenAI ingress deployment's one replica (deployments/o
 
 def resource_plan(cfg: TandemConfig, *, deploy_rollout: bool, learner: bool = True) -> dict[str, dict[str, float]]:
     """What the run will ask the cluster for, by part: rollout replicas at their autoscaling maximum
-    (``serve.max_replicas``) and the ingress (when this run deploys the app), and the Ray Train workers. Agent
-    workers, the buffer, the coordinator and the registry reserve nothing."""
+    (``serve.max_replicas``) and the ingress (when this run deploys the app), and the Ray Train workers, and
+    the custom resources of the agent workers' placement. Nothing else (buffer, coordinator, registry) reserves."""
     serve_cfg, trainer = cfg.serve, cfg.trainer
     plan: dict[str, dict[str, float]] = {}
     if deploy_rollout:
         plan[f"rollout replicas (serve.max_replicas={serve_cfg.max_replicas} × serve.num_cpus_per_replica="
              f"{serve_cfg.num_cpus_per_replica:g}, num_gpus_per_replica={serve_cfg.num_gpus_per_replica:g})"] = {
             "CPU": serve_cfg.max_replicas * serve_cfg.num_cpus_per_replica,
-            "GPU": serve_cfg.max_replicas * serve_cfg.num_gpus_per_replica}
+            "GPU": serve_cfg.max_replicas * serve_cfg.num_gpus_per_replica,
+            **{name: serve_cfg.max_replicas * amount for name, amount in serve_cfg.placement.resources.items()}}
         plan["OpenAI ingress (1 replica)"] = {"CPU": INGRESS_CPUS, "GPU": 0.0}
     if not learner:  # trainer.val_only
         return plan
@@ -125,7 +127,12 @@ def resource_plan(cfg: TandemConfig, *, deploy_rollout: bool, learner: bool = Tr
     workers = trainer.n_gpus_per_node * trainer.nnodes
     gpu = use_gpu(trainer.device)
     plan[f"Ray Train workers (trainer.n_gpus_per_node={trainer.n_gpus_per_node} × trainer.nnodes={trainer.nnodes})"] = {
-        "CPU": float(workers), "GPU": float(workers) if gpu else 0.0}
+        "CPU": float(workers), "GPU": float(workers) if gpu else 0.0,
+        **{name: workers * amount for name, amount in trainer.placement.resources.items()}}
+    agent = cfg.actor_rollout_ref.rollout.agent
+    if agent.placement.resources:
+        plan[f"agent workers (actor_rollout_ref.rollout.agent.num_workers={agent.num_workers})"] = {
+            name: agent.num_workers * amount for name, amount in agent.placement.resources.items()}
     return plan
 
 
@@ -136,8 +143,9 @@ def check_resources(cfg: TandemConfig, *, deploy_rollout: bool, learner: bool = 
     plan = resource_plan(cfg, deploy_rollout=deploy_rollout, learner=learner)
     have = ray.cluster_resources() if deploy_rollout else ray.available_resources()
     short = []
-    for kind in ("CPU", "GPU"):
-        asked = sum(part[kind] for part in plan.values())
+    kinds = dict.fromkeys(kind for part in plan.values() for kind in part)  # CPU, GPU, then custom resources
+    for kind in kinds:
+        asked = sum(part.get(kind, 0.0) for part in plan.values())
         if asked > have.get(kind, 0.0) + 1e-9:
             short.append(f"{asked:g} {kind}s asked, the cluster has {have.get(kind, 0.0):g}"
                          + ("" if deploy_rollout else " free"))
@@ -147,7 +155,7 @@ def check_resources(cfg: TandemConfig, *, deploy_rollout: bool, learner: bool = 
         raise ResourceError(
             f"the run does not fit the cluster: {'; '.join(short)}. Demand by part:\n{lines}\n"
             "Lower serve.max_replicas or serve.num_cpus_per_replica (rollout), or trainer.n_gpus_per_node "
-            "(learner workers), or add nodes.")
+            "(learner workers), or add nodes (with the custom resources the roles' placement keys ask for).")
 
 
 # Why a relative path can be missing under ``ray job submit``: said in the error, where it is needed.
@@ -163,6 +171,7 @@ def with_absolute_paths(cfg: TandemConfig, root: Path | None = None) -> TandemCo
     paths become local folders (a hub id is fetched once here, on the driver).
     """
     from apps.model_paths import resolve_model_path
+    from trainers.storage import is_uri
 
     hint = f"; {JOB_ROOT_HINT}" if root is None else ""
     root = (root or Path.cwd()).resolve()
@@ -208,7 +217,8 @@ def with_absolute_paths(cfg: TandemConfig, root: Path | None = None) -> TandemCo
         if value:
             updates.append(f"{key}={source(value)}")
     trainer = cfg.trainer
-    for key, value in (("trainer.validation_data_dir", trainer.validation_data_dir),
+    for key, value in (("trainer.storage_path", None if is_uri(trainer.storage_path or "://") else trainer.storage_path),
+                       ("trainer.validation_data_dir", trainer.validation_data_dir),
                        ("trainer.rollout_data_dir", trainer.rollout_data_dir)):
         if value:
             updates.append(f"{key}={local(value)}")
@@ -341,12 +351,14 @@ class AdapterPublisher:
         started = time.perf_counter()
         loaded = self._publish(self.app_name, ref, self.wait_s)
         elapsed = time.perf_counter() - started
+        nodes = ray.get(self._registry.nodes.remote())
         for replica, version in sorted(loaded.items()):
             log.info("replica %s switched to policy version %d (%.2fs after publish)", replica, version, elapsed)
         self._reported.update(loaded)
-        switch = {"version": ref.version, "replicas": loaded, "sync_s": elapsed, "joined": False}
+        switch = {"version": ref.version, "replicas": loaded, "sync_s": elapsed, "joined": False, "nodes": nodes}
         ray.get(self.sink.switch.remote(switch))
         ray.get(self.coordinator.on_publish.remote(ref.version))
+        keep_copy(ref)
         step = ref.version if ref.step is None else ref.step
         if step > 0 and self.validates_at(step):  # scheduled by training step (a restarted learner repeats some)
             ray.get(self.sink.validation.remote(self.validator.run(step)))
@@ -358,11 +370,14 @@ class AdapterPublisher:
         joined = {replica: version for replica, version in live.items() if replica not in self._reported}
         self._reported.update(joined)
         if joined:
+            nodes = ray.get(self._registry.nodes.remote())
             ray.get(self.sink.switch.remote({"version": max(joined.values()), "replicas": joined, "sync_s": None,
-                                             "joined": True}))
+                                             "joined": True, "nodes": nodes}))
 
 
-AdapterPublisherActor = ray.remote(num_cpus=0)(AdapterPublisher).options(max_concurrency=8)
+AdapterPublisherActor = ray.remote(num_cpus=0, max_concurrency=8)(AdapterPublisher)
+"""Started on the driver's node (``apps.cluster.on_this_node``): adapters a learner on another node wrote are
+copied here (``keep_copy``)."""
 
 
 def merge_sources(**sources: dict[str, float]) -> dict[str, float]:

@@ -79,7 +79,9 @@ class StepLog:
             for replica, version in sorted(switch["replicas"].items()):
                 # "joined": a replica autoscaling started (or one up before the run) loaded the newest adapter.
                 how = "joined" if switch["joined"] else f"{switch['sync_s']:.2f}s after publish"
-                log.info("weight sync: replica %s now samples policy version %d (%s)", replica, version, how)
+                node = switch.get("nodes", {}).get(replica, "")
+                log.info("weight sync: replica %s%s now samples policy version %d (%s)", replica,
+                         f" on node {node[:12]}" if node else "", version, how)
         for result in reports.validations:
             self.reporter.validation(result, write=write)
             if result.step == 0:  # before training: no learner row to join

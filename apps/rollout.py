@@ -29,6 +29,7 @@ from agents.parsers import ParserFormat
 from agents.records import AdapterRef
 from apps.model_paths import resolve_model_path
 from configs import TandemConfig
+from configs.sections import Placement
 from deployments.adapter_registry import drop_adapter_registry, get_adapter_registry
 from deployments.adapter_registry import publish_adapter as _publish_adapter
 from deployments.openai_ingress import OpenAIIngress
@@ -75,6 +76,10 @@ class RolloutAppArgs(BaseModel):
     """CPUs reserved per replica (fractional allowed)."""
     num_gpus: float = Field(default=0.0, ge=0)
     """GPUs per replica (vLLM)."""
+    resources: dict[str, float] = Field(default_factory=dict)
+    """Custom Ray resources per replica: places replicas on the nodes that have them."""
+    label_selector: dict[str, str] = Field(default_factory=dict)
+    """Ray node labels replicas must run on."""
     api_key_env: str | None = None
     """Environment variable with the bearer token the OpenAI endpoint requires (unset = open)."""
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
@@ -130,7 +135,9 @@ def build_app(args: dict[str, Any] | RolloutAppArgs) -> Application:
             **_metrics_interval(spec_args.metrics_interval_s),
         },
         max_ongoing_requests=spec_args.max_ongoing_requests,
-        ray_actor_options={"num_cpus": spec_args.num_cpus, "num_gpus": spec_args.num_gpus},
+        ray_actor_options={"num_cpus": spec_args.num_cpus, "num_gpus": spec_args.num_gpus,
+                           **Placement(resources=spec_args.resources,
+                                       label_selector=spec_args.label_selector).actor_options()},
         # one access-log line per generate call flooded the driver's console (3,800 lines in a CPU demo);
         # the replica's metrics count the calls, and the ingress keeps its access log
         logging_config={"enable_access_log": False},
@@ -193,6 +200,8 @@ def args_from_config(cfg: TandemConfig) -> RolloutAppArgs:
         downscale_delay_s=serve_cfg.downscale_delay_s,
         num_cpus=serve_cfg.num_cpus_per_replica,
         num_gpus=serve_cfg.num_gpus_per_replica,
+        resources=serve_cfg.placement.resources,
+        label_selector=serve_cfg.placement.label_selector,
         api_key_env=serve_cfg.api_key_env,
         engine_kwargs=_engine_kwargs(cfg),
     )

@@ -22,6 +22,7 @@ import ray
 
 from agents.tools.registry import load_tools
 from agents.records import AdapterRef
+from apps.cluster import check_cluster, on_this_node
 from apps.coordinator import CoordinatorActor
 from apps.coordinator import accounting as group_accounting
 from apps.driver import (AdapterPublisherActor, MetricsSinkActor, check_resources, connect_ray, final_adapter,
@@ -110,6 +111,8 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
     connect_ray(cfg)
     attached = cfg.serve.app_name in deployed_apps()
     check_resources(cfg, deploy_rollout=not attached, learner=not cfg.trainer.val_only)
+    # every node a role can land on: checkpoint storage, trace store and the files it reads (multi-node clusters)
+    check_cluster(cfg, rows + val_rows, tools, deploy_rollout=not attached, learner=not cfg.trainer.val_only)
     tracker = RunTracker(cfg, run_dir)  # after the checks that can refuse the run: no mlflow run left open
 
     # 2. Rollout engines: attach to an app deployed with `serve deploy`, or deploy it; version 0 = the start policy.
@@ -126,8 +129,12 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
     run_id = tracker.mlflow_run_id or uuid.uuid4().hex[:8]
     spec = AgentWorkerSpec.from_config(cfg, tokenizer_path=tokenizer_path)
     tracer_factory = _tracer_factory(cfg, run_id)
-    workers = [AgentWorker.remote(spec, rollout, buffer, tracer_factory=tracer_factory, run_id=run_id,
-                                  worker_index=i) for i in range(cfg.actor_rollout_ref.rollout.agent.num_workers)]
+    agent = cfg.actor_rollout_ref.rollout.agent
+    workers = [AgentWorker.options(**agent.placement.actor_options()).remote(
+        spec, rollout, buffer, tracer_factory=tracer_factory, run_id=run_id, worker_index=i)
+        for i in range(agent.num_workers)]
+    nodes = ray.get([worker.node_id.remote() for worker in workers])
+    log.info("agent workers on node(s) %s", ", ".join(f"{n[:12]} ({nodes.count(n)})" for n in sorted(set(nodes))))
     validator = Validator.from_config(cfg, val_rows, workers, run_id) if val_rows else None
     reporter = Reporter(cfg, tracker, tokenizer)
     started = time.perf_counter()
@@ -157,9 +164,9 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
     if validate_first and resume:  # the replicas sample version 0 until the learner republishes what it restored
         log.info("trainer.val_before_train: skipped on resume (validated when the run started)")
         validate_first = False
-    publisher = AdapterPublisherActor.remote(cfg.serve.app_name, coordinator, sink, validator=validator,
-                                             test_freq=cfg.trainer.test_freq, total_steps=total_steps,
-                                             validate_before_train=validate_first)
+    publisher = AdapterPublisherActor.options(**on_this_node()).remote(  # adapters also land in this run dir
+        cfg.serve.app_name, coordinator, sink, validator=validator, test_freq=cfg.trainer.test_freq,
+        total_steps=total_steps, validate_before_train=validate_first)
     coordinator_done = coordinator.run.remote()
     if validate_first:
         # Version 0 is validated while the learner starts and the first groups generate (both with version 0);

@@ -8,6 +8,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator
 
 from configs.base import ConfigWarning, Section
+from configs.sections import Placement
 
 ParserName = Literal["qwen25_coder", "hermes", "qwen3_xml"]
 AgentLoopName = Literal["single_turn_agent", "tool_agent", "tool_agent_loop", "langgraph_sql"]
@@ -58,6 +59,9 @@ class AgentConfig(Section):
     """Loop used for rows that carry no ``agent_name``."""
     max_concurrent_episodes: int = Field(default=64, ge=1, le=10_000)
     """Episodes one agent worker runs concurrently."""
+    placement: Placement = Field(default_factory=Placement)
+    """Where agent workers run (Ray actor options ``resources``, ``label_selector``): they run the tools, so
+    place them where the tool assets are."""
 
 
 class ValKwargs(Section):

@@ -108,6 +108,34 @@ class DataConfig(Section):
         return [self.val_files] if isinstance(self.val_files, str) else list(self.val_files)
 
 
+class Placement(Section):
+    """Where a role's actors may run: Ray resources and node labels they require (both empty = anywhere)."""
+
+    resources: dict[str, float] = Field(default_factory=dict)
+    """Custom Ray resources each actor of the role reserves, e.g. ``{rollout_node: 1}``: only nodes started with
+    that resource (``ray start --resources``, a KubeRay worker group's ``rayStartParams.resources``) take it.
+    CPU and GPU are set by the role's own keys, not here."""
+    label_selector: dict[str, str] = Field(default_factory=dict)
+    """Ray node labels the role must run on, e.g. ``{ray.io/accelerator-type: H100}`` or ``{tandem/role: rollout}``
+    (``ray start --labels``; KubeRay copies pod labels)."""
+
+    @field_validator("resources")
+    @classmethod
+    def _custom_only(cls, value: dict[str, float]) -> dict[str, float]:
+        for name, amount in value.items():
+            if name in ("CPU", "GPU", "memory", "object_store_memory"):
+                raise ValueError(f"resources.{name}: set CPUs and GPUs with the role's own keys "
+                                 "(serve.num_cpus_per_replica, trainer.n_gpus_per_node, ...); here only custom resources")
+            if amount <= 0:
+                raise ValueError(f"resources.{name}={amount}: must be > 0")
+        return value
+
+    def actor_options(self) -> dict[str, Any]:
+        """The Ray actor options (``resources``, ``label_selector``) this placement adds; empty when unset."""
+        return {**({"resources": dict(self.resources)} if self.resources else {}),
+                **({"label_selector": dict(self.label_selector)} if self.label_selector else {})}
+
+
 class TrainerConfig(Section):
     VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
         {"checkpoint_callback_class", "default_hdfs_dir", "use_v1", "v1", "critic_warmup", "balance_batch",
@@ -153,7 +181,14 @@ class TrainerConfig(Section):
     rollout_data_dir: str | None = None
     """Write every training step's batch to ``<dir>/<step>.jsonl`` (same format as ``validation_data_dir``)."""
     default_local_dir: str | None = None
-    """Run outputs (default ``runs/<experiment_name>``)."""
+    """Run outputs (default ``runs/<experiment_name>``), on the driver's node."""
+    storage_path: str | None = None
+    """Where Ray Train keeps checkpoints (``RunConfig.storage_path``): default ``<run dir>/ray_train``, a folder on
+    this node, which is right on one node. On a cluster of several nodes the train workers may run elsewhere: give
+    a URI every node reaches (``s3://…``, ``gs://…``, ``file:///mnt/nfs/…`` on shared storage); a node-local
+    path is refused before training starts."""
+    placement: Placement = Field(default_factory=Placement)
+    """Where Ray Train workers run (passed to ``ScalingConfig``: ``resources_per_worker``, ``label_selector``)."""
     resume_mode: Literal["auto", "disable", "resume_path"] = "auto"
     """``auto`` resumes a run with the same name and storage path."""
     resume_from_path: str | None = None
@@ -195,6 +230,8 @@ class ServeConfig(Section):
     """CPUs reserved per rollout replica (fractional allowed)."""
     num_gpus_per_replica: float = Field(default=0.0, ge=0)
     """GPUs per rollout replica (vLLM)."""
+    placement: Placement = Field(default_factory=Placement)
+    """Where rollout replicas run (Serve's ``ray_actor_options``: ``resources``, ``label_selector``)."""
     api_key_env: str | None = None
     """Environment variable holding a bearer token the OpenAI ingress requires (unset = open)."""
     upscale_delay_s: float = Field(default=5.0, ge=0)

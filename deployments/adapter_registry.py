@@ -46,6 +46,7 @@ class AdapterRegistry:
         self._loaded: dict[str, tuple[int, str]] = {}  # replica -> (version, path) it samples with
         self._last_seen: dict[str, float] = {}
         self._failed: dict[str, tuple[int, str, str]] = {}  # replica -> (version, path, error) it could not load
+        self._nodes: dict[str, str] = {}  # replica -> the Ray node it runs on
 
     def latest(self) -> AdapterRef:
         return self._latest
@@ -84,10 +85,11 @@ class AdapterRegistry:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    async def wait_newer(self, replica_id: str, version: int, timeout_s: float, path: str = "") -> AdapterRef | None:
+    async def wait_newer(self, replica_id: str, version: int, timeout_s: float, path: str = "",
+                         node_id: str = "") -> AdapterRef | None:
         """Long poll: the newest ref once it differs from the replica's ``(version, path)``; None after
         ``timeout_s``. (It differs by being newer, or by a ``reset`` to a run's version 0.)"""
-        self.heartbeat(replica_id, version, path)
+        self.heartbeat(replica_id, version, path, node_id)
         deadline = time.monotonic() + timeout_s
         while (self._latest.version, self._latest.path) == (version, path):
             remaining = deadline - time.monotonic()
@@ -99,9 +101,12 @@ class AdapterRegistry:
                 return None
         return self._latest
 
-    def heartbeat(self, replica_id: str, loaded_version: int, loaded_path: str = "") -> None:
-        """A replica is alive and samples with ``loaded_version`` (the adapter at ``loaded_path``)."""
+    def heartbeat(self, replica_id: str, loaded_version: int, loaded_path: str = "", node_id: str = "") -> None:
+        """A replica (on Ray node ``node_id``) is alive and samples with ``loaded_version`` (the adapter at
+        ``loaded_path``)."""
         self._last_seen[replica_id] = time.monotonic()
+        if node_id:
+            self._nodes[replica_id] = node_id
         self._loaded[replica_id] = (loaded_version, loaded_path)
         if replica_id in self._failed and loaded_version >= self._failed[replica_id][0]:
             del self._failed[replica_id]
@@ -111,8 +116,13 @@ class AdapterRegistry:
         ``error``, instead of timing out without a cause (the replica keeps retrying)."""
         self._failed[replica_id] = (version, path, error)
 
+    def nodes(self) -> dict[str, str]:
+        """``{replica_id: Ray node id}`` of the live replicas ("" when a replica did not say)."""
+        return {r: self._nodes.get(r, "") for r in self.live_replicas()}
+
     def forget(self, replica_id: str) -> None:
         """A replica shut down cleanly; stop waiting for it."""
+        self._nodes.pop(replica_id, None)
         self._last_seen.pop(replica_id, None)
         self._loaded.pop(replica_id, None)
         self._failed.pop(replica_id, None)

@@ -233,10 +233,14 @@ class AgentWorkerImpl:
             num_turns=trajectory.num_turns, num_tool_calls=trajectory.num_tool_calls,
         )
 
+    def node_id(self) -> str:
+        """The Ray node this worker runs on (the driver logs where its agent workers landed)."""
+        return ray.get_runtime_context().get_node_id()
+
     def flush_traces(self) -> None:
         """Write out traces still queued (call before reading them, or before the worker exits)."""
         self.ctx.tracer.flush()
 
 
-AgentWorker = ray.remote(num_cpus=0)(AgentWorkerImpl).options(max_concurrency=MAX_ACTOR_CONCURRENCY)
+AgentWorker = ray.remote(num_cpus=0, max_concurrency=MAX_ACTOR_CONCURRENCY)(AgentWorkerImpl)
 """The Ray actor class: ``AgentWorker.remote(spec, rollout_handle, sink, ...)``."""

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Literal
 
+import ray
 from ray import serve
 from ray.actor import ActorHandle
 
@@ -119,7 +120,9 @@ class RolloutServer:
         self.actor_name = ""  # the Ray actor's name when running as a Serve replica
         self.policy_version = 0
         self.adapter_path = ""  # of the adapter sampling now ("" = base model; version 0 may have one)
-        self._adapter_dir: Path | None = None  # copies of adapters this node cannot read at their path
+        self._adapter_dir: Path | None = None  # copies of adapters written on other nodes
+        self.node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+        self.adapter_loads = {"path": 0, "object_store": 0}  # where the adapters this replica loaded came from
         self._gate = _VersionGate()
         self._swaps_while_generating = bool(getattr(engine, "swaps_while_generating", False))
         self._swap_lock = asyncio.Lock()
@@ -170,8 +173,15 @@ class RolloutServer:
         return self.policy_version
 
     async def _readable(self, ref: AdapterRef) -> AdapterRef:
-        if not ref.path or Path(ref.path).is_dir() or ref.files is None:
-            return ref  # the base model, a folder this node can read, or nothing else to load from
+        """``ref`` itself where this node wrote it (or it names no node and is readable here), else a local copy
+        of its files from the object store. Only the writer's node reads the folder: on another node the same path
+        may exist with other contents, or on slow shared storage."""
+        if not ref.path:
+            return ref  # the base model
+        here = (not ref.node_id or ref.node_id == self.node_id) and Path(ref.path).is_dir()
+        if here or ref.files is None:
+            self.adapter_loads["path"] += 1
+            return ref  # a folder this node wrote, or nothing else to load from (the engine names a missing one)
         files: dict[str, bytes] = await ref.files
         if self._adapter_dir is None:
             self._adapter_dir = Path(tempfile.mkdtemp(prefix=f"tandem-adapters-{self.replica_id}-"))
@@ -181,8 +191,9 @@ class RolloutServer:
             (folder / Path(name).name).write_bytes(data)
         for old in sorted(self._adapter_dir.iterdir(), key=lambda p: p.stat().st_mtime)[:-3]:  # keep the newest 3
             shutil.rmtree(old, ignore_errors=True)
-        logger.info("replica %s: adapter v%d is not readable at %s here; loaded its %d files from the object store",
-                    self.replica_id, ref.version, ref.path, len(files))
+        self.adapter_loads["object_store"] += 1
+        logger.info("replica %s: adapter v%d (%s, written on node %s) loaded from the object store (%d files)",
+                    self.replica_id, ref.version, ref.path, ref.node_id or "?", len(files))
         return replace(ref, path=str(folder))
 
     async def check_health(self) -> None:
@@ -204,14 +215,15 @@ class RolloutServer:
 
     def replica_stats(self, trajectory_id: str = "") -> dict[str, Any]:
         """Routing stats plus ids; ``trajectory_id`` only steers the router (ask that trajectory's replica)."""
-        return {"replica_id": self.replica_id, "actor_name": self.actor_name, **self.record_routing_stats()}
+        return {"replica_id": self.replica_id, "actor_name": self.actor_name, "node_id": self.node_id,
+                "adapter_loads": dict(self.adapter_loads), **self.record_routing_stats()}
 
     async def follow(self, registry: ActorHandle, poll_s: float = 2.0, heartbeat_s: float = 1.0) -> None:
         """Load the registry's adapter now, then keep loading newer ones in the background."""
         ref = await registry.latest.remote()
         if (ref.version, ref.path) != (self.policy_version, self.adapter_path):  # version 0 may be an adapter
             await self.load_adapter(ref)
-        await registry.heartbeat.remote(self.replica_id, self.policy_version, self.adapter_path)
+        await registry.heartbeat.remote(self.replica_id, self.policy_version, self.adapter_path, self.node_id)
         self._background = [
             asyncio.create_task(self._follow_loop(registry, poll_s)),
             asyncio.create_task(self._heartbeat_loop(registry, heartbeat_s)),
@@ -229,7 +241,8 @@ class RolloutServer:
     async def _follow_loop(self, registry: ActorHandle, poll_s: float) -> None:
         while True:
             try:
-                ref = await registry.wait_newer.remote(self.replica_id, self.policy_version, poll_s, self.adapter_path)
+                ref = await registry.wait_newer.remote(self.replica_id, self.policy_version, poll_s, self.adapter_path,
+                                                       self.node_id)
                 if ref is not None:
                     try:
                         await self.load_adapter(ref)
@@ -239,7 +252,7 @@ class RolloutServer:
                             await registry.load_failed.remote(self.replica_id, ref.version, ref.path,
                                                               f"{type(exc).__name__}: {exc}")
                         raise
-                    await registry.heartbeat.remote(self.replica_id, self.policy_version, self.adapter_path)
+                    await registry.heartbeat.remote(self.replica_id, self.policy_version, self.adapter_path, self.node_id)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -250,7 +263,7 @@ class RolloutServer:
     async def _heartbeat_loop(self, registry: ActorHandle, period_s: float) -> None:
         while True:
             with contextlib.suppress(Exception):  # a missed heartbeat is retried next period
-                await registry.heartbeat.remote(self.replica_id, self.policy_version, self.adapter_path)
+                await registry.heartbeat.remote(self.replica_id, self.policy_version, self.adapter_path, self.node_id)
             await asyncio.sleep(period_s)
 
     def _set_in_flight(self, count: int) -> None:

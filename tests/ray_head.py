@@ -1,4 +1,5 @@
-"""A private ``ray start --head --block`` cluster for tests of the Ray CLIs (``serve deploy``, ``ray job submit``).
+"""A private ``ray start --head --block`` cluster for tests of the Ray CLIs (``serve deploy``, ``ray job submit``),
+and a second node that joins it with ``ray start --address`` (a two-node cluster on one machine).
 
 Its own temp dir and free ports let it run next to the session's ``ray.init`` cluster. It is stopped by
 terminating the process group of the ``ray start --block`` process, never with ``ray stop``, which stops
@@ -8,6 +9,7 @@ every Ray cluster on the machine.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -29,6 +31,12 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _agent_ports() -> dict[str, int]:
+    """Ports every node opens; free ones, so a node starts next to the session's cluster and the other node."""
+    return {"--dashboard-agent-listen-port": free_port(), "--dashboard-agent-grpc-port": free_port(),
+            "--metrics-export-port": free_port(), "--runtime-env-agent-port": free_port()}
 
 
 @dataclass(frozen=True)
@@ -55,18 +63,20 @@ def _dashboard_up(url: str, token: str | None) -> bool:
 
 
 @contextlib.contextmanager
-def ray_head(log_path: Path, num_cpus: int, env: dict[str, str], cwd: Path) -> Iterator[RayHead]:
-    """Start the head with ``env`` (its processes, and the jobs they run, inherit it); stop it on exit."""
+def ray_head(log_path: Path, num_cpus: int, env: dict[str, str], cwd: Path,
+             resources: dict[str, float] | None = None) -> Iterator[RayHead]:
+    """Start the head with ``env`` (its processes, and the jobs they run, inherit it) and custom ``resources``;
+    stop it on exit."""
+
     gcs, dash = free_port(), free_port()
     temp_dir = tempfile.mkdtemp(prefix="rh")  # short: Ray's unix socket paths live under it
-    ports = {"--port": gcs, "--dashboard-port": dash, "--ray-client-server-port": free_port(),
-             "--dashboard-agent-listen-port": free_port(), "--dashboard-agent-grpc-port": free_port(),
-             "--metrics-export-port": free_port(), "--runtime-env-agent-port": free_port()}
+    ports = {"--port": gcs, "--dashboard-port": dash, "--ray-client-server-port": free_port(), **_agent_ports()}
     with open(log_path, "w") as log:
         head = subprocess.Popen(
             [BIN / "ray", "start", "--head", "--block", f"--num-cpus={num_cpus}", "--include-dashboard=true",
              "--dashboard-host=127.0.0.1", "--node-ip-address=127.0.0.1", "--disable-usage-stats",
-             f"--temp-dir={temp_dir}", *(f"{flag}={port}" for flag, port in ports.items())],
+             f"--temp-dir={temp_dir}", *(f"{flag}={port}" for flag, port in ports.items()),
+             *([f"--resources={json.dumps(resources)}"] if resources else [])],
             cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
     dashboard = f"http://127.0.0.1:{dash}"
@@ -78,6 +88,34 @@ def ray_head(log_path: Path, num_cpus: int, env: dict[str, str], cwd: Path) -> I
     finally:
         _stop(head)
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def ray_node(head: RayHead, log_path: Path, num_cpus: int, resources: dict[str, float], cwd: Path) -> Iterator[str]:
+    """A second node joining ``head`` with its own custom ``resources``, started in ``cwd``; yields its node id."""
+
+    with open(log_path, "w") as log:
+        node = subprocess.Popen(
+            [BIN / "ray", "start", f"--address={head.gcs_address}", "--block", f"--num-cpus={num_cpus}",
+             f"--resources={json.dumps(resources)}", "--node-ip-address=127.0.0.1", "--disable-usage-stats",
+             *(f"{flag}={port}" for flag, port in _agent_ports().items())],
+            cwd=cwd, env=head.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    try:
+        name = next(iter(resources))
+        probe = [str(BIN / "python"), "-c", "import ray, json; ray.init(address='%s', logging_level='ERROR'); "
+                 "print(json.dumps([n['NodeID'] for n in ray.nodes() if n['Alive'] and '%s' in n['Resources']]))"
+                 % (head.gcs_address, name)]
+
+        def joined() -> str | None:
+            assert node.poll() is None, f"ray start exited with {node.returncode}:\n{log_path.read_text()[-3000:]}"
+            out = subprocess.run(probe, env=head.env, capture_output=True, text=True, timeout=120).stdout
+            ids = json.loads(out.strip().splitlines()[-1]) if out.strip() else []
+            return ids[0] if ids else None
+
+        yield wait_for(joined, 120, "second Ray node joined")
+    finally:
+        _stop(node)
 
 
 def _stop(head: subprocess.Popen) -> None:

@@ -35,12 +35,14 @@ class AdapterLog:
         return self._refs[-1] if self._refs else AdapterRef(version=0)
 
 
-def adapter_files(folder: str | Path) -> Any:
-    """The adapter folder's files (``{name: bytes}``) as a Ray object, for replicas that cannot read ``folder``."""
+def shareable(ref: AdapterRef) -> AdapterRef:
+    """``ref`` with its folder's files (``{name: bytes}``) put in the Ray object store and the node that wrote the
+    folder named: replicas on other nodes load the copy (no shared filesystem needed), this node's read the folder."""
     import ray
 
-    folder = Path(folder)
-    return ray.put({f.name: f.read_bytes() for f in sorted(folder.iterdir()) if f.is_file()})
+    folder = Path(ref.path)
+    files = ray.put({f.name: f.read_bytes() for f in sorted(folder.iterdir()) if f.is_file()})
+    return replace(ref, files=files, node_id=ray.get_runtime_context().get_node_id())
 
 
 def latest_published(publisher: Any) -> int:

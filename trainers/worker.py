@@ -34,8 +34,9 @@ from trainers.model import (
     training_state,
 )
 from trainers.optim import build_optimizer, make_scheduler
-from trainers.publisher import adapter_files, latest_published, publish
+from trainers.publisher import latest_published, publish, shareable
 from trainers.step import StepSettings, train_step
+from trainers.storage import checkpoint_root, local_folder
 
 log = logging.getLogger(__name__)
 
@@ -78,12 +79,16 @@ def _has_method(handle: Any, name: str) -> bool:
         return False
 
 
-def newest_checkpoint_on_disk(run_dir: str | Path, experiment_name: str) -> Path | None:
-    """The newest ``step_*`` checkpoint folder under the run's Ray Train storage whose ``state.pt`` loads.
+def newest_checkpoint_on_disk(storage: str, experiment_name: str) -> Path | None:
+    """The newest ``step_*`` checkpoint folder under the run's Ray Train storage whose ``state.pt`` loads (None
+    for remote storage: only Ray Train's registered checkpoints count there).
 
     Ray Train registers a reported checkpoint only when its controller next polls the worker; a worker killed in
     between leaves a complete checkpoint on disk that ``ray.train.get_checkpoint()`` does not know."""
-    folder = Path(run_dir) / "ray_train" / experiment_name
+    root = local_folder(storage)
+    if root is None:
+        return None
+    folder = root / experiment_name
     for candidate in sorted(folder.glob("step_*"), key=lambda p: p.name, reverse=True):
         try:
             torch.load(candidate / "state.pt", map_location="cpu", weights_only=False)["progress"]
@@ -102,7 +107,7 @@ def _checkpoint_to_load(spec: WorkerSpec) -> ray.train.Checkpoint | None:
             raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path")
         return ray.train.Checkpoint.from_directory(spec.trainer.resume_from_path)
     registered = ray.train.get_checkpoint()
-    on_disk = newest_checkpoint_on_disk(spec.run_dir, spec.trainer.experiment_name)
+    on_disk = newest_checkpoint_on_disk(checkpoint_root(spec.trainer), spec.trainer.experiment_name)
     if on_disk is not None and (registered is None or Path(registered.path).name < on_disk.name):
         return ray.train.Checkpoint.from_directory(str(on_disk))
     return registered
@@ -141,8 +146,7 @@ def _publish_adapter(spec: WorkerSpec, model, progress: Progress, rank: int) -> 
         return None
     version = progress.policy_version
     path = save_adapter(model, adapter, Path(spec.run_dir) / "adapters" / f"v{version}")
-    ref = AdapterRef(version=version, path=str(path), base_model=spec.model.path, step=progress.step,
-                     files=adapter_files(path))
+    ref = shareable(AdapterRef(version=version, path=str(path), base_model=spec.model.path, step=progress.step))
     publish(spec.publisher, ref)
     return ref
 

@@ -34,6 +34,11 @@ class Tool(abc.ABC):
     async def create(self, instance_id: str, **create_kwargs: Any) -> None:
         """Start per-episode state (``create_kwargs`` come from the row's ``tools_kwargs``)."""
 
+    def assets(self, create_kwargs: dict[str, Any]) -> list[str]:
+        """Files an episode created with ``create_kwargs`` reads (a database, a corpus): checked on every node
+        that runs agent workers before a run starts, so a missing one fails there and names the node."""
+        return []
+
     @abc.abstractmethod
     async def execute(self, instance_id: str, arguments: dict[str, Any]) -> str:
         """Run one call and return the tool message content; raise ``ToolError`` on bad input."""

@@ -81,6 +81,10 @@ class _SqlTool(Tool):
     async def release(self, instance_id: str) -> None:
         self._db_paths.pop(instance_id, None)
 
+    def assets(self, create_kwargs: dict[str, Any]) -> list[str]:
+        db_path = create_kwargs.get("db_path") or self.config.get("db_path")
+        return [str(self._resolve(db_path))] if db_path else []
+
     def db_path(self, instance_id: str) -> Path:
         if instance_id in self._db_paths:
             return self._db_paths[instance_id]

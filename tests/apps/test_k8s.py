@@ -63,3 +63,32 @@ def test_rayjob_required_fields_and_entrypoint():
     config = job["spec"]["entrypoint"].split("--config ")[1].split()[0]
     assert (ROOT / config).is_file()
     _check_cluster_spec(job["spec"]["rayClusterSpec"], "RayJob")
+
+
+def test_rayjob_places_each_role_on_a_worker_group_and_assumes_no_shared_disk():
+    """The entrypoint's overrides load; every resource a role's placement asks for is declared by a worker group's
+    rayStartParams; checkpoints and tracking are URIs every pod reaches (the run refuses node-local ones)."""
+    import json
+    import shlex
+
+    from configs import load_config
+
+    job = _load("rayjob.yaml")
+    words = shlex.split(job["spec"]["entrypoint"])
+    config, overrides = words[words.index("--config") + 1], [w for w in words if "=" in w and not w.startswith("-")]
+    cfg = load_config(str(ROOT / config), overrides)
+    declared = {}
+    for group in job["spec"]["rayClusterSpec"]["workerGroupSpecs"]:
+        resources = group["rayStartParams"].get("resources")
+        if resources:  # KubeRay passes the value to `ray start --resources=` as written: a quoted JSON string
+            declared[group["groupName"]] = json.loads(json.loads(resources))
+    placements = {"rollout replicas": cfg.serve.placement, "train workers": cfg.trainer.placement,
+                  "agent workers": cfg.actor_rollout_ref.rollout.agent.placement}
+    for role, placement in placements.items():
+        assert placement.resources, f"{role}: not placed"
+        groups = [g for g, have in declared.items() if all(have.get(k, 0) >= v for k, v in placement.resources.items())]
+        assert groups, f"{role}: no worker group declares {placement.resources} (declared: {declared})"
+    assert cfg.trainer.storage_path.startswith(("s3://", "gs://", "file://"))
+    assert cfg.tracking.mlflow_tracking_uri.startswith("http")
+    for volume_key in ("volumes", "volumeMounts"):
+        assert volume_key not in json.dumps(job), "the job must not assume a shared volume"

@@ -1,16 +1,21 @@
-"""``ray job submit --working-dir . -- python -m apps.train …`` on a cluster from ``ray start --head``.
+"""``ray job submit --working-dir . -- python -m apps.train …`` on a two-node cluster: ``ray start --head`` plus a
+second node joined with ``ray start --address`` (its own custom resource, started in an empty working directory).
 
 The cluster is this test's own (tests/ray_head.py) with token auth on, as Ray 2.60 sets up local clusters;
 the token comes from ``RAY_AUTH_TOKEN`` so ``~/.ray`` is left alone. The job runs in the uploaded copy of
 the repo, which has none of the git-ignored inputs: model, data and outputs live under a separate root
-named with ``--root``, all given as relative paths. Two jobs run one after the other, as on a long-lived
-cluster: the second deploys the rollout app again under the same name and starts at policy version 0.
+named with ``--root``, all given as relative paths. Two jobs run one after the other: the first is refused before
+anything starts (checkpoints on the driver's disk, train workers free to run on the other node); the second trains
+3 steps with the rollout replicas and agent workers placed on the second node and the learner on the head, so every
+weight sync crosses nodes through the object store. (That a later run on the same cluster starts again at policy
+version 0 is tested where it is decided: ``test_a_dropped_registry_comes_back_at_policy_version_0``.)
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -20,7 +25,7 @@ import pytest
 
 from agents.data import arithmetic
 from agents.data.rows import validate_row, write_parquet
-from tests.ray_head import BIN, free_port, ray_head
+from tests.ray_head import BIN, free_port, ray_head, ray_node
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,14 +41,14 @@ def job_root(tmp_path: Path, tiny_model_dir: Path) -> Path:
     return root
 
 
-def _submit(head, job_root: Path, submission_id: str, run: str) -> subprocess.CompletedProcess:
+def _submit(head, job_root: Path, submission_id: str, run: str, *overrides: str) -> subprocess.CompletedProcess:
     entrypoint = [
         "python", "-m", "apps.train", "--config", "configs/demo_cpu.yaml", "--root", str(job_root),
         "actor_rollout_ref.model.path=model", "data.train_files=data/train.parquet", "data.val_files=null",
         "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.validation_data_dir=null",
         f"trainer.default_local_dir=runs/{run}", "tracking.mlflow_tracking_uri=sqlite:///mlruns.db",
         "trainer.total_training_steps=1", "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-        "actor_rollout_ref.rollout.n=2", "data.max_response_length=32", f"serve.port={free_port()}",
+        "actor_rollout_ref.rollout.n=2", "data.max_response_length=32", f"serve.port={free_port()}", *overrides,
     ]
     return subprocess.run(
         [BIN / "ray", "job", "submit", "--address", head.dashboard, "--submission-id", submission_id,
@@ -52,22 +57,52 @@ def _submit(head, job_root: Path, submission_id: str, run: str) -> subprocess.Co
     )
 
 
-def test_ray_job_submit_trains_twice_on_one_cluster(tmp_path, job_root):
+def _succeeded(head, proc: subprocess.CompletedProcess, submission_id: str) -> None:
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    status = subprocess.run([BIN / "ray", "job", "status", "--address", head.dashboard, submission_id],
+                            env=head.env, capture_output=True, text=True, timeout=60)
+    assert f"Job '{submission_id}' succeeded" in status.stdout, status.stdout + status.stderr
+
+
+def test_ray_job_submit_on_a_two_node_cluster(tmp_path, job_root):
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PYTHONPATH")}
     # The job's `python` is the first on the cluster's PATH: this venv's.
     env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", RAY_AUTH_MODE="token",
                RAY_AUTH_TOKEN=secrets.token_hex(32))
-    with ray_head(tmp_path / "ray_start.log", num_cpus=8, env=env, cwd=ROOT) as head:
-        for attempt in (1, 2):
-            submission_id = f"tandem-job-{attempt}-{secrets.token_hex(3)}"
-            proc = _submit(head, job_root, submission_id, run=f"job-{attempt}")
-            assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-            status = subprocess.run([BIN / "ray", "job", "status", "--address", head.dashboard, submission_id],
-                                    env=env, capture_output=True, text=True, timeout=60)
-            assert f"Job '{submission_id}' succeeded" in status.stdout, status.stdout + status.stderr
-            run_dir = job_root / "runs" / f"job-{attempt}"
-            [step] = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-            assert (int(step["step"]), int(step["policy_version"])) == (1, 1)
-            assert (run_dir / "adapters" / "v1" / "adapter_model.safetensors").is_file()
-            assert "weight sync: replica" in proc.stdout  # the driver's own log reaches the job's log
+    elsewhere = tmp_path / "node2"  # the second node's working directory: no runs/, no model/, no data/
+    elsewhere.mkdir()
+    with ray_head(tmp_path / "ray_start.log", num_cpus=4, env=env, cwd=ROOT, resources={"head_node": 8}) as head, \
+            ray_node(head, tmp_path / "ray_node2.log", num_cpus=4, resources={"node2": 8}, cwd=elsewhere) as node2:
+        # 1. Checkpoints on the driver's disk while train workers may land on node 2: refused before anything starts.
+        refused_id = f"tandem-job-refused-{secrets.token_hex(3)}"
+        proc = _submit(head, job_root, refused_id, "refused")
+        assert proc.returncode != 0
+        output = proc.stdout + proc.stderr
+        assert "trainer.storage_path: checkpoints would go to" in output and node2[:12] in output, output[-4000:]
+        assert not (job_root / "runs" / "refused" / "metrics.jsonl").exists()
+
+        # 2. Three steps: rollout replicas and agent workers on node 2, the learner on the head (checkpoints through
+        #    a file:// URI, the stand-in for shared storage), traces off (no mlflow server to send them to).
+        two_node_id = f"tandem-job-two-node-{secrets.token_hex(3)}"
+        proc = _submit(head, job_root, two_node_id, "two-node", "trainer.total_training_steps=3",
+                       f"trainer.storage_path=file://{job_root}/checkpoints/two-node",
+                       "trainer.placement.resources={head_node: 1}",
+                       "serve.min_replicas=2", "serve.max_replicas=2", "serve.placement.resources={node2: 1}",
+                       "actor_rollout_ref.rollout.agent.placement.resources={node2: 1}",
+                       "actor_rollout_ref.rollout.trace.backend=none")
+        _succeeded(head, proc, two_node_id)
+        run_dir = job_root / "runs" / "two-node"
+        steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert [(int(s["step"]), int(s["policy_version"])) for s in steps] == [(1, 1), (2, 2), (3, 3)]
+        assert [p.parent.name for p in (job_root / "checkpoints" / "two-node").glob("*/step_*/state.pt")] == \
+            ["step_000003"]
+        assert (run_dir / "adapters" / "v3" / "adapter_model.safetensors").is_file()
+        assert re.search(rf"agent workers on node\(s\) {node2[:12]} \(\d+\)\n", proc.stdout), proc.stdout[-6000:]
+        syncs = re.findall(r"weight sync: replica (\S+) on node (\w+) now samples policy version (\d+) \((.*?)\)",
+                           proc.stdout)
+        print("\n".join(" ".join(sync) for sync in syncs))  # the placement and per-step versions, for the log
+        for version in (1, 2, 3):  # every replica, each on node 2, switched to each new version after its publish
+            switched = {(replica, node) for replica, node, v, how in syncs if int(v) == version and "after publish" in how}
+            assert len(switched) == 2 and {node for _, node in switched} == {node2[:12]}, syncs
+
     assert (job_root / "mlruns.db").is_file()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import ray
 
@@ -168,7 +170,7 @@ def test_a_replica_that_cannot_read_the_adapter_path_loads_it_from_the_object_st
     from deployments.adapter_registry import AdapterRegistry
     from deployments.engines.hf_engine import HFEngine
     from deployments.rollout_server import RolloutServer
-    from trainers.publisher import adapter_files
+    from trainers.publisher import shareable
 
     registry = AdapterRegistry.options(name="files-test", namespace="tandem-tests").remote()
     request = GenerateRequest((5, 6, 7), SamplingParams(temperature=0.0, max_new_tokens=8))
@@ -179,14 +181,23 @@ def test_a_replica_that_cannot_read_the_adapter_path_loads_it_from_the_object_st
         await server.follow(registry, poll_s=0.5)
         await registry.publish.remote(AdapterRef(1, str(adapter_paths[1])), 30.0)
         by_path = await server.generate(request)
-        loaded = await registry.publish.remote(AdapterRef(2, elsewhere, files=adapter_files(adapter_paths[1])), 30.0)
+        loaded = await registry.publish.remote(replace(shareable(AdapterRef(2, str(adapter_paths[1]))),
+                                                       path=elsewhere), 30.0)
         from_store = await server.generate(request)
+        # the folder exists here, but another node wrote it: only the writer's node reads the folder
+        other_node = replace(shareable(AdapterRef(3, str(adapter_paths[1]))), node_id="f" * 56)
+        await registry.publish.remote(other_node, 30.0)
+        from_other_node = await server.generate(request)
         copies = sorted(p.name for p in server._adapter_dir.iterdir())
         await server.close(registry)
-        return by_path, loaded, from_store, copies, server.adapter_path
+        return by_path, loaded, from_store, from_other_node, copies, server.adapter_path, server.replica_stats()
 
-    by_path, loaded, from_store, copies, path = asyncio.run(scenario())
+    by_path, loaded, from_store, from_other_node, copies, path, stats = asyncio.run(scenario())
     ray.kill(registry)
-    assert loaded == {"r0": 2} and path == elsewhere  # the registry sees the published ref, not the local copy
+    assert loaded == {"r0": 2}  # the registry sees the published ref, not the local copy
     assert (from_store.policy_version, from_store.token_ids) == (2, by_path.token_ids)
-    assert len(copies) == 1 and copies[0].startswith("v2-")
+    assert (from_other_node.policy_version, from_other_node.token_ids) == (3, by_path.token_ids)
+    assert path == str(adapter_paths[1])
+    assert sorted(c[:3] for c in copies) == ["v2-", "v3-"]
+    assert stats["adapter_loads"] == {"path": 1, "object_store": 2}
+    assert stats["node_id"] == ray.get_runtime_context().get_node_id()

@@ -1,0 +1,205 @@
+"""What a run needs from each node of the Ray cluster, checked before anything starts (apps layer).
+
+A cluster of several nodes (KubeRay pods) shares no filesystem. Adapters travel through the object store
+(``AdapterRef.files``); the rest must be true of every node a role can be placed on:
+
+- checkpoints: ``trainer.storage_path`` must be a URI every node reaches once train workers may run on a node
+  other than the driver's (Ray Train's ``storage_path`` rules);
+- traces: agent workers write them to ``tracking.mlflow_tracking_uri``; a ``sqlite:///`` file or a folder is on
+  the driver's disk, which agent workers on other nodes cannot reach (metrics are fine: the driver logs them);
+- assets: ``model.path`` (and the tokenizer, the starting adapter) on the nodes of rollout replicas, train and
+  agent workers, and each tool asset (``Tool.assets``: a row's SQLite database) on the nodes of agent workers,
+  checked by a zero-CPU task pinned to each node.
+
+Which nodes a role can use follows its placement keys (custom resources, node labels), as Ray would place it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from agents.data.rows import DatasetRow
+from agents.records import AdapterRef
+from agents.tools.base import Tool
+from configs import TandemConfig
+from configs.sections import Placement
+from trainers.storage import checkpoint_root, is_uri
+
+log = logging.getLogger("tandem_rl.cluster")
+
+
+class ClusterError(RuntimeError):
+    """The run cannot work on this cluster as configured (raised before anything is deployed)."""
+
+
+@dataclass(frozen=True)
+class Node:
+    node_id: str
+    address: str
+    resources: dict[str, float] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return f"{self.address} ({self.node_id[:12]})"
+
+    def fits(self, placement: Placement, cpus: float = 0.0) -> bool:
+        """Whether Ray could place an actor with ``placement`` (and ``cpus``) here."""
+        if cpus > self.resources.get("CPU", 0.0):
+            return False
+        if any(self.resources.get(name, 0.0) < amount for name, amount in placement.resources.items()):
+            return False
+        return all(self.labels.get(key) == value for key, value in placement.label_selector.items())
+
+
+def alive_nodes() -> list[Node]:
+    return [Node(n["NodeID"], n["NodeManagerAddress"], dict(n.get("Resources") or {}), dict(n.get("Labels") or {}))
+            for n in ray.nodes() if n["Alive"]]
+
+
+@dataclass(frozen=True)
+class Role:
+    name: str  # what the error says: "rollout replicas (serve.placement)"
+    nodes: list[Node]
+    assets: dict[str, str]  # path -> the config key or row that names it
+
+
+def roles(cfg: TandemConfig, nodes: list[Node], rows: list[DatasetRow], tools: dict[str, Tool], *,
+          deploy_rollout: bool, learner: bool) -> list[Role]:
+    """Each role this run places, the nodes it can land on and the files it reads there."""
+    model = cfg.actor_rollout_ref.model
+    weights = {model.path: "actor_rollout_ref.model.path"}
+    if model.lora_adapter_path:
+        weights[model.lora_adapter_path] = "actor_rollout_ref.model.lora_adapter_path"
+    tokenizer = {model.tokenizer_path or model.path: "actor_rollout_ref.model.tokenizer_path" if model.tokenizer_path
+                 else "actor_rollout_ref.model.path"}
+    agent = cfg.actor_rollout_ref.rollout.agent
+    found: list[Role] = [Role("agent workers (actor_rollout_ref.rollout.agent.placement)",
+                              [n for n in nodes if n.fits(agent.placement)], {**tokenizer, **tool_assets(tools, rows)})]
+    if deploy_rollout:
+        serve_cfg = cfg.serve
+        found.append(Role("rollout replicas (serve.placement)",
+                          [n for n in nodes if n.fits(serve_cfg.placement, serve_cfg.num_cpus_per_replica)],
+                          {**weights, **tokenizer}))
+    if learner:
+        trainer = cfg.trainer
+        found.append(Role("Ray Train workers (trainer.placement)",
+                          [n for n in nodes if n.fits(trainer.placement)], {**weights, **tokenizer}))
+    return found
+
+
+def tool_assets(tools: dict[str, Tool], rows: list[DatasetRow]) -> dict[str, str]:
+    """Every file the rows' episodes make the tools read → the first row (or the tool config) that names it."""
+    assets: dict[str, str] = {}
+    for name, tool in tools.items():
+        for path in tool.assets({}):
+            assets.setdefault(path, f"tool {name}'s config")
+        for index, row in enumerate(rows):
+            kwargs = dict(row.extra_info.tools_kwargs.get(name, {}).get("create_kwargs", {}) or {})
+            if kwargs:
+                for path in tool.assets(kwargs):
+                    assets.setdefault(path, f"row {index} ({row.data_source}) tools_kwargs.{name}")
+    return assets
+
+
+def check_cluster(cfg: TandemConfig, rows: list[DatasetRow], tools: dict[str, Tool], *, deploy_rollout: bool,
+                  learner: bool) -> list[Node]:
+    """Raise ``ClusterError`` naming the key, node and path when the run cannot work on this cluster; return the
+    alive nodes. Checkpoint storage and tracking first (no task needed), then the files on every node."""
+    nodes = alive_nodes()
+    driver = ray.get_runtime_context().get_node_id()
+    placed = roles(cfg, nodes, rows, tools, deploy_rollout=deploy_rollout, learner=learner)
+    for role in placed:
+        if not role.nodes:
+            raise ClusterError(f"no alive node can take the {role.name}: none has its resources and labels. "
+                               f"Nodes: {', '.join(f'{n} {n.resources} {n.labels}' for n in nodes)}")
+    by_name = {role.name.split(" (")[0]: role for role in placed}
+    if learner:
+        _check_storage(cfg, driver, by_name["Ray Train workers"].nodes)
+    _check_tracking(cfg, driver, by_name["agent workers"].nodes)
+    _check_assets(placed)
+    return nodes
+
+
+def _check_storage(cfg: TandemConfig, driver: str, nodes: list[Node]) -> None:
+    root = checkpoint_root(cfg.trainer)
+    elsewhere = [n for n in nodes if n.node_id != driver]
+    if is_uri(root) or not elsewhere:
+        return
+    raise ClusterError(
+        f"trainer.storage_path: checkpoints would go to {root}, a folder on the driver's node, but Ray Train workers "
+        f"may run on other nodes ({', '.join(map(str, elsewhere))}) that cannot reach it, and a resumed run would "
+        "not find them. On a cluster of several nodes set trainer.storage_path to a URI every node reaches "
+        "(s3://bucket/path, gs://bucket/path, or file:///mnt/shared/path on NFS), or pin the learner to this node "
+        "with trainer.placement")
+
+
+def _is_local_store(uri: str) -> bool:
+    return uri.startswith(("sqlite:", "file:")) or "://" not in uri
+
+
+def _check_tracking(cfg: TandemConfig, driver: str, nodes: list[Node]) -> None:
+    uri = cfg.tracking.mlflow_tracking_uri
+    traced = cfg.actor_rollout_ref.rollout.trace.backend == "mlflow"
+    elsewhere = [n for n in nodes if n.node_id != driver]
+    if not traced or not elsewhere or not _is_local_store(uri):
+        return
+    raise ClusterError(
+        f"tracking.mlflow_tracking_uri={uri} is a store on the driver's disk, but agent workers write their traces "
+        f"to it and may run on other nodes ({', '.join(map(str, elsewhere))}). Run an mlflow tracking server and "
+        "set tracking.mlflow_tracking_uri=http://<host>:5000, or set actor_rollout_ref.rollout.trace.backend=none "
+        "(metrics still reach mlflow: the driver logs them), or place agent workers on the driver's node "
+        "(actor_rollout_ref.rollout.agent.placement)")
+
+
+def _missing(paths: list[str]) -> list[str]:
+    """The paths in ``paths`` that do not exist here (run on each node)."""
+    return [p for p in paths if not Path(p).exists()]
+
+
+def _check_assets(placed: list[Role]) -> None:
+    wanted: dict[str, dict[str, str]] = {}  # node id -> path -> what names it
+    nodes: dict[str, Node] = {}
+    for role in placed:
+        for node in role.nodes:
+            nodes[node.node_id] = node
+            for path, source in role.assets.items():
+                if not is_uri(path):
+                    wanted.setdefault(node.node_id, {}).setdefault(path, f"{source}, for the {role.name}")
+    check = ray.remote(num_cpus=0)(_missing)
+    pending = {node_id: check.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
+               .remote(sorted(paths)) for node_id, paths in wanted.items()}
+    problems = []
+    for node_id, ref in pending.items():
+        for path in ray.get(ref, timeout=120):
+            problems.append(f"  node {nodes[node_id]}: {path} is missing ({wanted[node_id][path]})")
+    if problems:
+        raise ClusterError("files the run needs are missing on nodes that may use them:\n" + "\n".join(problems)
+                           + "\nPut them on every such node (the image, a volume), or narrow the role's placement "
+                           "keys to nodes that have them")
+
+
+def on_this_node() -> dict[str, Any]:
+    """Actor options that pin an actor to the node this process runs on."""
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)}
+
+
+def keep_copy(ref: AdapterRef) -> None:
+    """Write the adapter's files to ``ref.path`` on this node when the learner wrote them on another node (no shared
+    filesystem): the run dir on the driver's node then holds every published adapter, the final one included."""
+    if ref.files is None or not ref.node_id or ref.node_id == ray.get_runtime_context().get_node_id():
+        return
+    folder = Path(ref.path)
+    if folder.is_dir():  # shared storage, or two nodes on one machine
+        return
+    files: dict[str, bytes] = ray.get(ref.files)
+    partial = folder.with_name(f".{folder.name}.partial")
+    partial.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        (partial / Path(name).name).write_bytes(data)
+    partial.rename(folder)
