@@ -179,9 +179,13 @@ def _check_assets(placed: list[Role]) -> None:
         for path in ray.get(ref, timeout=120):
             problems.append(f"  node {nodes[node_id]}: {path} is missing ({wanted[node_id][path]})")
     if problems:
+        # a hub id became the driver's hub-cache folder (apps/model_paths.py): the other nodes need that cache too
+        hub = any("/models--" in line for line in problems)
         raise ClusterError("files the run needs are missing on nodes that may use them:\n" + "\n".join(problems)
                            + "\nPut them on every such node (the image, a volume), or narrow the role's placement "
-                           "keys to nodes that have them")
+                           "keys to nodes that have them" + ("; a hub id resolves to the driver's hub cache "
+                           "folder: give every node the same cache (HF_HOME on a shared volume, or the model baked "
+                           "into the image at that path)" if hub else ""))
 
 
 def on_this_node() -> dict[str, Any]:
