@@ -16,10 +16,15 @@ Which nodes a role can use follows its placement keys (custom resources, node la
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import shutil
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+from urllib.parse import urlparse
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -29,7 +34,7 @@ from agents.records import AdapterRef
 from agents.tools.base import Tool
 from configs import TandemConfig
 from configs.sections import Placement
-from trainers.storage import checkpoint_root, is_uri
+from trainers.storage import checkpoint_root, is_uri, local_folder
 
 log = logging.getLogger("tandem_rl.cluster")
 
@@ -48,13 +53,23 @@ class Node:
     def __str__(self) -> str:
         return f"{self.address} ({self.node_id[:12]})"
 
-    def fits(self, placement: Placement, cpus: float = 0.0) -> bool:
-        """Whether Ray could place an actor with ``placement`` (and ``cpus``) here."""
-        if cpus > self.resources.get("CPU", 0.0):
+    def fits(self, placement: Placement, cpus: float = 0.0, gpus: float = 0.0) -> bool:
+        """Whether Ray could place an actor with ``placement`` (and ``cpus``, ``gpus``) here."""
+        asked = {"CPU": cpus, "GPU": gpus, **placement.resources}
+        if any(self.resources.get(name, 0.0) < amount for name, amount in asked.items() if amount > 0):
             return False
-        if any(self.resources.get(name, 0.0) < amount for name, amount in placement.resources.items()):
-            return False
-        return all(self.labels.get(key) == value for key, value in placement.label_selector.items())
+        return all(_label_matches(self.labels.get(key), value) for key, value in placement.label_selector.items())
+
+
+def _label_matches(value: str | None, selector: str) -> bool:
+    """Ray's label selector values: ``v``, ``!v``, ``in(a,b)``, ``!in(a,b)``."""
+    negate = selector.startswith("!")
+    body = selector[1:] if negate else selector
+    if body.startswith("in(") and body.endswith(")"):
+        matches = value in {v.strip() for v in body[3:-1].split(",")}
+    else:
+        matches = value == body
+    return matches != negate
 
 
 def alive_nodes() -> list[Node]:
@@ -64,32 +79,50 @@ def alive_nodes() -> list[Node]:
 
 @dataclass(frozen=True)
 class Role:
+    key: Literal["agents", "rollout", "trainer"]
     name: str  # what the error says: "rollout replicas (serve.placement)"
     nodes: list[Node]
-    assets: dict[str, str]  # path -> the config key or row that names it
+    assets: dict[str, str]  # path -> the config keys or rows that name it
+
+
+def named(*pairs: tuple[str | None, str]) -> dict[str, str]:
+    """``{path: what names it}``; a path named twice keeps both names (no source silently wins)."""
+    out: dict[str, str] = {}
+    for path, source in pairs:
+        if path:
+            out[path] = f"{out[path]} and {source}" if path in out and source not in out[path] else source
+    return out
 
 
 def roles(cfg: TandemConfig, nodes: list[Node], rows: list[DatasetRow], tools: dict[str, Tool], *,
           deploy_rollout: bool, learner: bool) -> list[Role]:
     """Each role this run places, the nodes it can land on and the files it reads there."""
-    model = cfg.actor_rollout_ref.model
-    weights = {model.path: "actor_rollout_ref.model.path"}
-    if model.lora_adapter_path:
-        weights[model.lora_adapter_path] = "actor_rollout_ref.model.lora_adapter_path"
-    tokenizer = {model.tokenizer_path or model.path: "actor_rollout_ref.model.tokenizer_path" if model.tokenizer_path
-                 else "actor_rollout_ref.model.path"}
-    agent = cfg.actor_rollout_ref.rollout.agent
-    found: list[Role] = [Role("agent workers (actor_rollout_ref.rollout.agent.placement)",
-                              [n for n in nodes if n.fits(agent.placement)], {**tokenizer, **tool_assets(tools, rows)})]
+    from trainers.trainer import use_gpu
+
+    model, rollout, trainer = cfg.actor_rollout_ref.model, cfg.actor_rollout_ref.rollout, cfg.trainer
+    tokenizer = (model.tokenizer_path or model.path,
+                 "actor_rollout_ref.model.tokenizer_path" if model.tokenizer_path else "actor_rollout_ref.model.path")
+    weights = [(model.path, "actor_rollout_ref.model.path"),
+               (model.lora_adapter_path, "actor_rollout_ref.model.lora_adapter_path"), tokenizer]
+    agent_files = named(tokenizer,
+                        (rollout.multi_turn.tool_config_path, "actor_rollout_ref.rollout.multi_turn.tool_config_path"),
+                        (cfg.tools.config_path, "tools.config_path"),
+                        (cfg.custom_reward_function.path, "custom_reward_function.path"),
+                        (cfg.reward.custom_reward_function.path, "reward.custom_reward_function.path"))
+    found = [Role("agents", "agent workers (actor_rollout_ref.rollout.agent.placement)",
+                  [n for n in nodes if n.fits(rollout.agent.placement)], {**agent_files, **tool_assets(tools, rows)})]
     if deploy_rollout:
         serve_cfg = cfg.serve
-        found.append(Role("rollout replicas (serve.placement)",
-                          [n for n in nodes if n.fits(serve_cfg.placement, serve_cfg.num_cpus_per_replica)],
-                          {**weights, **tokenizer}))
+        found.append(Role("rollout", "rollout replicas (serve.placement)",
+                          [n for n in nodes if n.fits(serve_cfg.placement, serve_cfg.num_cpus_per_replica,
+                                                      serve_cfg.num_gpus_per_replica)], named(*weights)))
     if learner:
-        trainer = cfg.trainer
-        found.append(Role("Ray Train workers (trainer.placement)",
-                          [n for n in nodes if n.fits(trainer.placement)], {**weights, **tokenizer}))
+        gpu = use_gpu(trainer.device)
+        resume = (trainer.resume_from_path, "trainer.resume_from_path") if trainer.resume_mode == "resume_path" \
+            else (None, "")
+        found.append(Role("trainer", "Ray Train workers (trainer.placement)",
+                          [n for n in nodes if n.fits(trainer.placement, 0.0 if gpu else 1.0, 1.0 if gpu else 0.0)],
+                          named(*weights, resume)))
     return found
 
 
@@ -113,17 +146,40 @@ def check_cluster(cfg: TandemConfig, rows: list[DatasetRow], tools: dict[str, To
     alive nodes. Checkpoint storage and tracking first (no task needed), then the files on every node."""
     nodes = alive_nodes()
     driver = ray.get_runtime_context().get_node_id()
-    placed = roles(cfg, nodes, rows, tools, deploy_rollout=deploy_rollout, learner=learner)
-    for role in placed:
+    placed = {role.key: role for role in roles(cfg, nodes, rows, tools, deploy_rollout=deploy_rollout,
+                                                 learner=learner)}
+    for role in placed.values():
         if not role.nodes:
-            raise ClusterError(f"no alive node can take the {role.name}: none has its resources and labels. "
-                               f"Nodes: {', '.join(f'{n} {n.resources} {n.labels}' for n in nodes)}")
-    by_name = {role.name.split(" (")[0]: role for role in placed}
+            raise ClusterError(
+                f"no alive node can take the {role.name}: none has its CPUs/GPUs, resources and labels. Nodes: "
+                + ", ".join(f"{n} {n.resources} {n.labels}" for n in nodes)
+                + ". (On an autoscaling cluster, keep at least one node of that kind running: minReplicas >= 1.)")
     if learner:
-        _check_storage(cfg, driver, by_name["Ray Train workers"].nodes)
-    _check_tracking(cfg, driver, by_name["agent workers"].nodes)
-    _check_assets(placed)
+        _check_storage(cfg, driver, placed["trainer"].nodes)
+    _check_tracking(cfg, driver, placed["agents"].nodes)
+    with _storage_marker(cfg if learner else None) as marker:
+        if marker:  # shared storage is seen by every train worker's node, or it is not shared
+            placed["trainer"].assets[marker] = ("trainer.storage_path: a marker the driver just wrote there (a "
+                                                "file:// URI must be storage every train worker's node shares)")
+        _check_assets(list(placed.values()))
     return nodes
+
+
+@contextlib.contextmanager
+def _storage_marker(cfg: TandemConfig | None) -> Iterator[str | None]:
+    """A file written into a ``file://`` checkpoint storage for the nodes to look for; removed afterwards."""
+    root = checkpoint_root(cfg.trainer) if cfg is not None else ""
+    folder = local_folder(root) if is_uri(root) else None
+    if folder is None:
+        yield None
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    marker = folder / f".tandem-shared-{uuid.uuid4().hex[:12]}"
+    marker.write_text("written by the driver to check that every train worker's node sees this folder\n")
+    try:
+        yield str(marker)
+    finally:
+        marker.unlink(missing_ok=True)
 
 
 def _check_storage(cfg: TandemConfig, driver: str, nodes: list[Node]) -> None:
@@ -140,7 +196,11 @@ def _check_storage(cfg: TandemConfig, driver: str, nodes: list[Node]) -> None:
 
 
 def _is_local_store(uri: str) -> bool:
-    return uri.startswith(("sqlite:", "file:")) or "://" not in uri
+    """A store only the driver's node reaches: a file (``sqlite:``, ``file:``, a folder) or a loopback server."""
+    parsed = urlparse(uri)
+    if parsed.scheme in ("http", "https"):
+        return parsed.hostname in ("localhost", "127.0.0.1", "::1")
+    return parsed.scheme in ("", "file", "sqlite") and uri != "databricks"
 
 
 def _check_tracking(cfg: TandemConfig, driver: str, nodes: list[Node]) -> None:
@@ -150,16 +210,17 @@ def _check_tracking(cfg: TandemConfig, driver: str, nodes: list[Node]) -> None:
     if not traced or not elsewhere or not _is_local_store(uri):
         return
     raise ClusterError(
-        f"tracking.mlflow_tracking_uri={uri} is a store on the driver's disk, but agent workers write their traces "
-        f"to it and may run on other nodes ({', '.join(map(str, elsewhere))}). Run an mlflow tracking server and "
-        "set tracking.mlflow_tracking_uri=http://<host>:5000, or set actor_rollout_ref.rollout.trace.backend=none "
+        f"tracking.mlflow_tracking_uri={uri} is a store only the driver's node reaches (a file on its disk or a "
+        f"loopback address), but agent workers write their traces to it and may run on other nodes "
+        f"({', '.join(map(str, elsewhere))}). Run an mlflow tracking server and set "
+        "tracking.mlflow_tracking_uri=http://<host>:5000, or set actor_rollout_ref.rollout.trace.backend=none "
         "(metrics still reach mlflow: the driver logs them), or place agent workers on the driver's node "
         "(actor_rollout_ref.rollout.agent.placement)")
 
 
-def _missing(paths: list[str]) -> list[str]:
-    """The paths in ``paths`` that do not exist here (run on each node)."""
-    return [p for p in paths if not Path(p).exists()]
+def _missing(paths: list[str]) -> list[tuple[str, str]]:
+    """``(path, where it resolves here)`` of each path in ``paths`` that does not exist on this node."""
+    return [(p, str(Path(p).resolve())) for p in paths if not Path(p).exists()]
 
 
 def _check_assets(placed: list[Role]) -> None:
@@ -176,8 +237,14 @@ def _check_assets(placed: list[Role]) -> None:
                .remote(sorted(paths)) for node_id, paths in wanted.items()}
     problems = []
     for node_id, ref in pending.items():
-        for path in ray.get(ref, timeout=120):
-            problems.append(f"  node {nodes[node_id]}: {path} is missing ({wanted[node_id][path]})")
+        try:
+            missing = ray.get(ref, timeout=120)
+        except Exception as exc:  # a fault boundary: a node that cannot run the check is named, not a raw Ray error
+            raise ClusterError(f"could not check the run's files on node {nodes[node_id]}: {type(exc).__name__}: "
+                               f"{exc}") from exc
+        for path, resolved in missing:
+            where = "" if resolved == path else f" (there: {resolved})"
+            problems.append(f"  node {nodes[node_id]}: {path}{where} is missing ({wanted[node_id][path]})")
     if problems:
         # a hub id became the driver's hub-cache folder (apps/model_paths.py): the other nodes need that cache too
         hub = any("/models--" in line for line in problems)
@@ -195,15 +262,20 @@ def on_this_node() -> dict[str, Any]:
 
 def keep_copy(ref: AdapterRef) -> None:
     """Write the adapter's files to ``ref.path`` on this node when the learner wrote them on another node (no shared
-    filesystem): the run dir on the driver's node then holds every published adapter, the final one included."""
+    filesystem): the run dir on the driver's node then holds every published adapter, the final one included. An
+    older folder at that path (an earlier run in the same run dir) is replaced."""
     if ref.files is None or not ref.node_id or ref.node_id == ray.get_runtime_context().get_node_id():
         return
-    folder = Path(ref.path)
-    if folder.is_dir():  # shared storage, or two nodes on one machine
-        return
     files: dict[str, bytes] = ray.get(ref.files)
+    folder = Path(ref.path)
     partial = folder.with_name(f".{folder.name}.partial")
-    partial.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
     for name, data in files.items():
         (partial / Path(name).name).write_bytes(data)
+    old = folder.with_name(f".{folder.name}.old")
+    if folder.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        folder.rename(old)
     partial.rename(folder)
+    shutil.rmtree(old, ignore_errors=True)

@@ -193,7 +193,7 @@ def with_absolute_paths(cfg: TandemConfig, root: Path | None = None) -> TandemCo
     def files(value: str | list[str]) -> str:
         return str(source(value)) if isinstance(value, str) else json.dumps([str(source(v)) for v in value])
 
-    model, data = cfg.actor_rollout_ref.model, cfg.data
+    model, data, trainer_cfg = cfg.actor_rollout_ref.model, cfg.data, cfg.trainer
     updates = [
         f"actor_rollout_ref.model.path={model_folder('actor_rollout_ref.model.path', model.path)}",
         f"data.train_files={files(data.train_files)}",
@@ -208,6 +208,8 @@ def with_absolute_paths(cfg: TandemConfig, root: Path | None = None) -> TandemCo
     if model.tokenizer_path:
         updates.append("actor_rollout_ref.model.tokenizer_path="
                        + model_folder("actor_rollout_ref.model.tokenizer_path", model.tokenizer_path))
+    if trainer_cfg.resume_from_path:
+        updates.append(f"trainer.resume_from_path={source(trainer_cfg.resume_from_path)}")
     for key, value in (("actor_rollout_ref.rollout.multi_turn.tool_config_path",
                         cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path),
                        ("tools.config_path", cfg.tools.config_path),

@@ -35,6 +35,7 @@ from configs import ConfigError, TandemConfig, load_config
 from deployments.agent_workers import AgentWorker, AgentWorkerSpec
 from trainers.admission import AdmissionController
 from trainers.buffer import TrajectoryBuffer
+from trainers.storage import checkpoint_root
 from trainers.trainer import build_trainer, resume_point
 
 log = logging.getLogger("tandem_rl.train")
@@ -110,6 +111,9 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
     # Ray only once the config, data and resume point are known good: their errors come first, and fast.
     connect_ray(cfg)
     attached = cfg.serve.app_name in deployed_apps()
+    if attached and (cfg.serve.placement.resources or cfg.serve.placement.label_selector):
+        log.warning("serve.placement is not applied: the run attaches to the rollout app %r already deployed, whose "
+                    "replicas stay where they are (set the placement in its serve config instead)", cfg.serve.app_name)
     check_resources(cfg, deploy_rollout=not attached, learner=not cfg.trainer.val_only)
     # every node a role can land on: checkpoint storage, trace store and the files it reads (multi-node clusters)
     check_cluster(cfg, rows + val_rows, tools, deploy_rollout=not attached, learner=not cfg.trainer.val_only)
@@ -150,7 +154,7 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
                     "them by their behaviour log-probs", stream.max_staleness)
     if resume:
         print(f"resuming from the step-{resume['step']} checkpoint (policy version {resume['policy_version']}) in "
-              f"{run_dir / 'ray_train'}")
+              f"{checkpoint_root(cfg.trainer)}")
     admission = AdmissionController(batch, stream.max_staleness, streaming=stream.enabled,
                                     abort_stale=stream.abort_stale,
                                     resume_version=resume["policy_version"] if resume else 0)
@@ -190,7 +194,7 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
         interrupted = 143 if isinstance(exc, Terminated) else 130
         log.warning("%s: stopping agent workers and the learner; the last checkpoint stays in %s, and the next "
                     "launch with this run dir resumes from it", "SIGTERM" if interrupted == 143 else "interrupted",
-                    run_dir / "ray_train")
+                    checkpoint_root(cfg.trainer))
         steps.take()  # the steps that finished before the interrupt reached the sink: into metrics and mlflow
     finally:
         ray.get(coordinator.stop.remote())

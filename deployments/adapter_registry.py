@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 import ray
 from ray.actor import ActorHandle
@@ -59,8 +60,16 @@ class AdapterRegistry:
                 f"version {self._latest.version} ({self._latest.path!r})"
             )
         if ref != self._latest:
-            self._set_latest(ref)
+            self._set_latest(await self._own_copy(ref))
         return await self.wait_loaded(ref.version, wait_s)
+
+    async def _own_copy(self, ref: AdapterRef) -> AdapterRef:
+        """``ref`` with its files re-put by this actor, which owns them from now on. The learner's copy dies with
+        its worker (a restart, the end of a run), while a replica that starts later on another node still loads
+        the newest adapter from here (the registry outlives runs)."""
+        if ref.files is None:
+            return ref
+        return replace(ref, files=ray.put(await ref.files))
 
     async def reset(self, wait_s: float = 120.0, base: AdapterRef = AdapterRef(version=0)) -> dict[str, int]:
         """Back to ``base``, the new training run's starting policy (version 0: the base model, or with a

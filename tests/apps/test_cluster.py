@@ -5,6 +5,7 @@ path. The node lists are hand-written (what ``ray.nodes()`` reports for a head a
 from __future__ import annotations
 
 import pytest
+import ray
 
 from agents.data import arithmetic
 from agents.data.rows import validate_row
@@ -34,13 +35,35 @@ def test_placement_keys_choose_the_nodes_a_role_can_use():
     cfg = _cfg("serve.placement.resources={rollout_node: 1}",
                "trainer.placement.label_selector={ray.io/node-group: headgroup}",
                "actor_rollout_ref.rollout.agent.placement.label_selector={ray.io/accelerator-type: H100}")
-    roles = {r.name.split(" (")[0]: [n.address for n in r.nodes]
+    roles = {r.key: [n.address for n in r.nodes]
              for r in cluster.roles(cfg, [HEAD, ROLLOUT], [], {}, deploy_rollout=True, learner=True)}
-    assert roles == {"rollout replicas": ["10.0.0.2"], "Ray Train workers": ["10.0.0.1"],
-                     "agent workers": ["10.0.0.2"]}
+    assert roles == {"rollout": ["10.0.0.2"], "trainer": ["10.0.0.1"], "agents": ["10.0.0.2"]}
     anywhere = cluster.roles(_cfg(), [HEAD, ROLLOUT], [], {}, deploy_rollout=True, learner=True)
     assert all(len(r.nodes) == 2 for r in anywhere)
-    assert not ROLLOUT.fits(cfg.serve.placement, cpus=9.0)  # CPUs count too
+    assert not ROLLOUT.fits(cfg.serve.placement, cpus=9.0)  # CPUs count too, and GPUs
+    on_gpus = cluster.roles(_cfg("serve.num_gpus_per_replica=1", "trainer.device=cuda"), [HEAD, ROLLOUT], [], {},
+                            deploy_rollout=True, learner=True)
+    assert {r.key: [n.address for n in r.nodes] for r in on_gpus if r.key != "agents"} == {
+        "rollout": ["10.0.0.2"], "trainer": ["10.0.0.2"]}
+
+
+@pytest.mark.unit
+def test_label_selectors_follow_rays_operators():
+    from configs.sections import Placement
+
+    def where(selector: dict[str, str]) -> list[str]:
+        return [n.address for n in (HEAD, ROLLOUT) if n.fits(Placement(label_selector=selector))]
+
+    assert where({"ray.io/node-group": "rollout"}) == ["10.0.0.2"]
+    assert where({"ray.io/node-group": "!rollout"}) == ["10.0.0.1"]
+    assert where({"ray.io/accelerator-type": "in(A100, H100)"}) == ["10.0.0.2"]
+    assert where({"ray.io/accelerator-type": "!in(H100)"}) == ["10.0.0.1"]  # no label is not H100
+
+
+@pytest.mark.unit
+def test_a_path_two_keys_name_keeps_both_names():
+    assert cluster.named(("/m", "actor_rollout_ref.model.path"), ("/m", "actor_rollout_ref.model.path"),
+                         (None, "unset"), ("/m", "tokenizer")) == {"/m": "actor_rollout_ref.model.path and tokenizer"}
 
 
 @pytest.mark.unit
@@ -58,9 +81,12 @@ def test_a_node_local_checkpoint_folder_is_refused_when_train_workers_can_run_el
 
 @pytest.mark.unit
 def test_a_trace_store_on_the_drivers_disk_is_refused_when_agent_workers_can_run_elsewhere():
-    with pytest.raises(ClusterError, match=r"tracking.mlflow_tracking_uri=sqlite:///mlruns.db is a store on the "
-                       r"driver's disk.*10\.0\.0\.2.*http://<host>:5000.*trace.backend=none"):
+    with pytest.raises(ClusterError, match=r"tracking.mlflow_tracking_uri=sqlite:///mlruns.db is a store only the "
+                       r"driver's node reaches.*10\.0\.0\.2.*http://<host>:5000.*trace.backend=none"):
         cluster._check_tracking(_cfg(), HEAD.node_id, [HEAD, ROLLOUT])
+    with pytest.raises(ClusterError, match="loopback"):  # a server on the driver's loopback is as unreachable
+        cluster._check_tracking(_cfg("tracking.mlflow_tracking_uri=http://127.0.0.1:5000"), HEAD.node_id,
+                                [HEAD, ROLLOUT])
     cluster._check_tracking(_cfg(), HEAD.node_id, [HEAD])
     cluster._check_tracking(_cfg("tracking.mlflow_tracking_uri=http://mlflow:5000"), HEAD.node_id, [HEAD, ROLLOUT])
     cluster._check_tracking(_cfg("actor_rollout_ref.rollout.trace.backend=none"), HEAD.node_id, [HEAD, ROLLOUT])
@@ -78,8 +104,6 @@ def test_tool_assets_come_from_rows_and_tool_configs(tmp_path):
 @pytest.mark.integration
 def test_a_missing_asset_names_the_node_and_the_path(ray_cluster, tiny_model_dir, tmp_path):
     """A real task on the node checks the files: the model exists, the row's database does not."""
-    import ray
-
     cfg = _cfg(f"actor_rollout_ref.model.path={tiny_model_dir}", f"trainer.default_local_dir={tmp_path / 'run'}")
     tools = load_tools("agents/tools/configs/sql_tools.yaml")
     missing = str(tmp_path / "nowhere" / "chinook.sqlite")
@@ -92,12 +116,19 @@ def test_a_missing_asset_names_the_node_and_the_path(ray_cluster, tiny_model_dir
     assert str(tiny_model_dir) not in text
     nodes = cluster.check_cluster(cfg, [], tools, deploy_rollout=True, learner=True)  # no rows, nothing missing
     assert [n.node_id for n in nodes] == [node]
+    # relative paths resolve where the task runs (the node's working directory), and the error says where
+    with pytest.raises(ClusterError, match=r"data/sql/nowhere.sqlite \(there: /.*/data/sql/nowhere.sqlite\) is missing"):
+        cluster.check_cluster(cfg, _sql_rows("nowhere.sqlite"), tools, deploy_rollout=True, learner=True)
+    # file:// checkpoint storage: every train worker's node must see a marker the driver writes there
+    shared = _cfg(f"actor_rollout_ref.model.path={tiny_model_dir}", f"trainer.storage_path=file://{tmp_path}/nfs")
+    cluster.check_cluster(shared, [], tools, deploy_rollout=True, learner=True)
+    assert list((tmp_path / "nfs").iterdir()) == []  # the marker was removed
 
 
 @pytest.mark.integration
 def test_the_driver_keeps_a_copy_of_adapters_written_on_another_node(ray_cluster, tmp_path):
     """A learner on another node wrote ``adapters/v2`` on its own disk: the publisher writes the object-store copy
-    to the same path on the driver's node; a folder this node already has is left alone."""
+    to the same path on the driver's node, replacing what an earlier run left there."""
     from dataclasses import replace
 
     from agents.records import AdapterRef
@@ -110,9 +141,10 @@ def test_the_driver_keeps_a_copy_of_adapters_written_on_another_node(ray_cluster
     ref = shareable(AdapterRef(2, str(written)))
     cluster.keep_copy(ref)  # written on this node: nothing to do
     assert sorted(p.name for p in written.parent.iterdir()) == ["v2"]
-    elsewhere = replace(ref, path=str(tmp_path / "driver" / "adapters" / "v2"), node_id="f" * 56)
-    cluster.keep_copy(elsewhere)
     copy = tmp_path / "driver" / "adapters" / "v2"
+    copy.mkdir(parents=True)
+    (copy / "stale_from_an_earlier_run.safetensors").write_bytes(b"old")
+    cluster.keep_copy(replace(ref, path=str(copy), node_id="f" * 56))
     assert sorted(p.name for p in copy.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
     assert (copy / "adapter_model.safetensors").read_bytes() == b"\x00" * 1000
-    assert sorted(p.name for p in copy.parent.iterdir()) == ["v2"]  # no partial folder left
+    assert sorted(p.name for p in copy.parent.iterdir()) == ["v2"]  # no partial or old folder left

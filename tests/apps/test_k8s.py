@@ -88,6 +88,21 @@ def test_rayjob_places_each_role_on_a_worker_group_and_assumes_no_shared_disk():
         assert placement.resources, f"{role}: not placed"
         groups = [g for g, have in declared.items() if all(have.get(k, 0) >= v for k, v in placement.resources.items())]
         assert groups, f"{role}: no worker group declares {placement.resources} (declared: {declared})"
+    # the resource plan the run checks at start fits the cluster the manifest asks for
+    from apps.driver import resource_plan
+
+    spec = job["spec"]["rayClusterSpec"]
+    head_limits = spec["headGroupSpec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    have = {"CPU": float(head_limits["cpu"]), "GPU": float(spec["headGroupSpec"]["rayStartParams"].get("num-gpus", 0))}
+    for group in spec["workerGroupSpecs"]:
+        limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
+        pod = {"CPU": float(limits["cpu"]), "GPU": float(limits.get("nvidia.com/gpu", 0)), **declared.get(group["groupName"], {})}
+        for kind, amount in pod.items():
+            have[kind] = have.get(kind, 0.0) + group["replicas"] * amount
+    plan = resource_plan(cfg, deploy_rollout=True)
+    for kind in {k for part in plan.values() for k in part}:
+        asked = sum(part.get(kind, 0.0) for part in plan.values())
+        assert asked <= have.get(kind, 0.0), f"{kind}: the run asks {asked}, the manifest's cluster has {have.get(kind)}"
     assert cfg.trainer.storage_path.startswith(("s3://", "gs://", "file://"))
     assert cfg.tracking.mlflow_tracking_uri.startswith("http")
     for volume_key in ("volumes", "volumeMounts"):

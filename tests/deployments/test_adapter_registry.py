@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import pytest
@@ -201,3 +202,41 @@ def test_a_replica_that_cannot_read_the_adapter_path_loads_it_from_the_object_st
     assert sorted(c[:3] for c in copies) == ["v2-", "v3-"]
     assert stats["adapter_loads"] == {"path": 1, "object_store": 2}
     assert stats["node_id"] == ray.get_runtime_context().get_node_id()
+
+
+def test_the_newest_adapters_copy_outlives_the_learner_that_put_it(ray_cluster, tmp_path):
+    """A learner's worker owns the objects it puts: when it dies (a restart, the end of the run) they are lost. The
+    registry keeps its own copy of the newest adapter's files, so replicas that join later still load it."""
+    folder = tmp_path / "v1"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text('{"r": 8}')
+    (folder / "adapter_model.safetensors").write_bytes(bytes(range(256)) * 4096)  # 1 MiB, as adapters are MBs
+
+    @ray.remote(num_cpus=0)
+    class Learner:
+        def publish(self, path: str, app: str) -> AdapterRef:
+            from trainers.publisher import shareable
+
+            ref = shareable(AdapterRef(1, path))
+            ray.get(get_adapter_registry(app).publish.remote(ref, 1.0))  # no replica: returns at once
+            return ref
+
+    learner = Learner.remote()
+    ref = ray.get(learner.publish.remote(str(folder), "owner-test"))
+    ray.kill(learner)
+
+    def learners_copy_lost() -> bool:  # the raylet frees a dead owner's objects within about a second
+        try:
+            ray.get(ref.files, timeout=10)
+        except ray.exceptions.OwnerDiedError:
+            return True
+        return False
+
+    deadline = time.monotonic() + 30
+    while not learners_copy_lost():
+        assert time.monotonic() < deadline, "the dead learner's object was never freed"
+        time.sleep(0.5)
+    latest = ray.get(get_adapter_registry("owner-test").latest.remote())
+    assert latest == AdapterRef(1, str(folder)) and ray.get(latest.files, timeout=30) == {
+        "adapter_config.json": b'{"r": 8}', "adapter_model.safetensors": bytes(range(256)) * 4096}
+    assert drop_adapter_registry("owner-test") is True
