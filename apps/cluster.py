@@ -108,9 +108,10 @@ def roles(cfg: TandemConfig, nodes: list[Node], rows: list[DatasetRow], tools: d
                         (rollout.multi_turn.tool_config_path, "actor_rollout_ref.rollout.multi_turn.tool_config_path"),
                         (cfg.tools.config_path, "tools.config_path"),
                         (cfg.custom_reward_function.path, "custom_reward_function.path"),
-                        (cfg.reward.custom_reward_function.path, "reward.custom_reward_function.path"))
+                        (cfg.reward.custom_reward_function.path, "reward.custom_reward_function.path"),
+                        *tool_assets(tools, rows).items())
     found = [Role("agents", "agent workers (actor_rollout_ref.rollout.agent.placement)",
-                  [n for n in nodes if n.fits(rollout.agent.placement)], {**agent_files, **tool_assets(tools, rows)})]
+                  [n for n in nodes if n.fits(rollout.agent.placement)], agent_files)]
     if deploy_rollout:
         serve_cfg = cfg.serve
         found.append(Role("rollout", "rollout replicas (serve.placement)",
