@@ -193,7 +193,7 @@ def with_absolute_paths(cfg: TandemConfig, root: Path | None = None) -> TandemCo
     def files(value: str | list[str]) -> str:
         return str(source(value)) if isinstance(value, str) else json.dumps([str(source(v)) for v in value])
 
-    model, data, trainer_cfg = cfg.actor_rollout_ref.model, cfg.data, cfg.trainer
+    model, data = cfg.actor_rollout_ref.model, cfg.data
     updates = [
         f"actor_rollout_ref.model.path={model_folder('actor_rollout_ref.model.path', model.path)}",
         f"data.train_files={files(data.train_files)}",
@@ -208,18 +208,18 @@ def with_absolute_paths(cfg: TandemConfig, root: Path | None = None) -> TandemCo
     if model.tokenizer_path:
         updates.append("actor_rollout_ref.model.tokenizer_path="
                        + model_folder("actor_rollout_ref.model.tokenizer_path", model.tokenizer_path))
-    if trainer_cfg.resume_from_path:
-        updates.append(f"trainer.resume_from_path={source(trainer_cfg.resume_from_path)}")
     for key, value in (("actor_rollout_ref.rollout.multi_turn.tool_config_path",
                         cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path),
                        ("tools.config_path", cfg.tools.config_path),
                        ("custom_reward_function.path", cfg.custom_reward_function.path),
                        ("reward.custom_reward_function.path", cfg.reward.custom_reward_function.path),
-                       ("actor_rollout_ref.model.lora_adapter_path", model.lora_adapter_path)):
+                       ("actor_rollout_ref.model.lora_adapter_path", model.lora_adapter_path),
+                       ("trainer.resume_from_path", cfg.trainer.resume_from_path)):
         if value:
             updates.append(f"{key}={source(value)}")
     trainer = cfg.trainer
-    for key, value in (("trainer.storage_path", None if is_uri(trainer.storage_path or "://") else trainer.storage_path),
+    local_storage = trainer.storage_path if trainer.storage_path and not is_uri(trainer.storage_path) else None
+    for key, value in (("trainer.storage_path", local_storage),
                        ("trainer.validation_data_dir", trainer.validation_data_dir),
                        ("trainer.rollout_data_dir", trainer.rollout_data_dir)):
         if value:

@@ -111,6 +111,17 @@ class _VersionGate:
                 self._cond.notify_all()
 
 
+def _write_copy(parent: Path, name: str, files: dict[str, bytes], keep: int = 3) -> Path:
+    """``files`` written to ``parent/name``; only the newest ``keep`` copies under ``parent`` stay."""
+    folder = parent / name
+    folder.mkdir()
+    for file_name, data in files.items():
+        (folder / Path(file_name).name).write_bytes(data)
+    for old in sorted(parent.iterdir(), key=lambda p: p.stat().st_mtime)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return folder
+
+
 class RolloutServer:
     """Serves ``GenerateRequest`` → ``GenerateResult`` with one engine, stamping replica id and policy version."""
 
@@ -161,8 +172,8 @@ class RolloutServer:
 
     async def load_adapter(self, ref: AdapterRef) -> int:
         """Sample with ``ref`` from now on (after the running generates finish, unless the engine swaps
-        between steps itself); returns the version. Where ``ref.path`` is not readable here (another node wrote
-        it), its files come from the object store (``ref.files``) into a folder of this replica."""
+        between steps itself); returns the version. Where another node wrote ``ref.path`` (or it is not readable
+        here), its files come from the object store (``ref.files``) into a folder of this replica."""
         local = await self._readable(ref)
         async with self._swap_lock if self._swaps_while_generating else self._gate.swapping():
             await self.engine.load_adapter(local)
@@ -185,12 +196,8 @@ class RolloutServer:
         files: dict[str, bytes] = await ref.files
         if self._adapter_dir is None:
             self._adapter_dir = Path(tempfile.mkdtemp(prefix=f"tandem-adapters-{self.replica_id}-"))
-        folder = self._adapter_dir / f"v{ref.version}-{uuid.uuid4().hex[:8]}"
-        folder.mkdir()
-        for name, data in files.items():
-            (folder / Path(name).name).write_bytes(data)
-        for old in sorted(self._adapter_dir.iterdir(), key=lambda p: p.stat().st_mtime)[:-3]:  # keep the newest 3
-            shutil.rmtree(old, ignore_errors=True)
+        # MBs of file writes: off the event loop, which keeps serving generates meanwhile
+        folder = await asyncio.to_thread(_write_copy, self._adapter_dir, f"v{ref.version}-{uuid.uuid4().hex[:8]}", files)
         self.adapter_loads["object_store"] += 1
         logger.info("replica %s: adapter v%d (%s, written on node %s) loaded from the object store (%d files)",
                     self.replica_id, ref.version, ref.path, ref.node_id or "?", len(files))

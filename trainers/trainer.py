@@ -1,9 +1,10 @@
 """Build and run the GRPO learner as a Ray Train ``TorchTrainer`` (trainers layer).
 
 ``build_trainer`` maps config sections onto Ray Train: workers = ``n_gpus_per_node × nnodes`` (gloo
-on CPU, nccl on GPU), run name = ``trainer.experiment_name``, checkpoints under ``trainer.storage_path`` (default ``<run_dir>/ray_train``,
-see ``trainers/storage.py``) so that a second trainer with the same name resumes (``trainer.resume_mode=auto``), failures retried
-``trainer.max_failures`` times, ``trainer.max_actor_ckpt_to_keep`` checkpoints kept.
+on CPU, nccl on GPU), run name = ``trainer.experiment_name``, checkpoints under ``trainer.storage_path``
+(default ``<run_dir>/ray_train``, see ``trainers/storage.py``) so that a second trainer with the same name
+resumes (``trainer.resume_mode=auto``), failures retried ``trainer.max_failures`` times,
+``trainer.max_actor_ckpt_to_keep`` checkpoints kept.
 """
 
 from __future__ import annotations
