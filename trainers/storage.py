@@ -48,3 +48,24 @@ def read_bytes(root: str, relative: str) -> bytes | None:
         return None
     with fs.open_input_stream(path) as stream:
         return stream.read()
+
+
+def newest_checkpoint_on_disk(storage: str, experiment_name: str) -> Path | None:
+    """The newest ``step_*`` checkpoint folder under the run's Ray Train storage whose ``state.pt`` loads (None
+    for remote storage: only Ray Train's registered checkpoints count there).
+
+    Ray Train registers a reported checkpoint only when its controller next polls the worker; a worker killed in
+    between leaves a complete checkpoint on disk that ``ray.train.get_checkpoint()`` does not know."""
+    root = local_folder(storage)
+    if root is None:
+        return None
+    folder = root / experiment_name
+    import torch  # the driver imports it anyway (Ray Train); kept out of this module's import for the CLIs
+
+    for candidate in sorted(folder.glob("step_*"), key=lambda p: p.name, reverse=True):
+        try:
+            torch.load(candidate / "state.pt", map_location="cpu", weights_only=False)["progress"]
+        except Exception:  # noqa: BLE001 - partly written or foreign: try the next older one
+            continue
+        return candidate
+    return None

@@ -19,8 +19,16 @@ from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig,
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from configs import TandemConfig
-from trainers.storage import checkpoint_root, read_bytes
-from trainers.worker import LEARNER_METRICS, WorkerSpec, newest_checkpoint_on_disk, train_loop_per_worker
+from trainers.spec import LEARNER_METRICS, WorkerSpec
+from trainers.storage import checkpoint_root, newest_checkpoint_on_disk, read_bytes
+
+
+def train_loop(config: dict[str, Any]) -> None:
+    """The Ray Train worker's entry point. The loop's module (torch, peft, transformers' model code: ~6 s of imports
+    on a 2-core box) is imported here, in the train worker, not by the driver that only builds the trainer."""
+    from trainers.worker import train_loop_per_worker
+
+    train_loop_per_worker(config)
 
 
 def use_gpu(device: str) -> bool:
@@ -54,7 +62,7 @@ def build_trainer(
     placement = trainer_cfg.placement
     resources = {**({} if gpu else {"CPU": num_cpus_per_worker}), **placement.resources} or None
     return TorchTrainer(
-        train_loop_per_worker,
+        train_loop,
         train_loop_config={"spec": spec},
         torch_config=TorchConfig(backend="nccl" if gpu else "gloo"),
         scaling_config=ScalingConfig(

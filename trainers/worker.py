@@ -8,7 +8,6 @@ the other ranks through ``broadcast_object_list``. Metrics also go to ``<run_dir
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import tempfile
@@ -23,8 +22,6 @@ import torch
 import torch.distributed as dist
 
 from agents.records import AdapterRef, Trajectory
-from configs.actor import ActorConfig, ModelConfig
-from configs.sections import AlgorithmConfig, TrainerConfig
 from trainers.model import (
     build_policy,
     gather_adapter,
@@ -36,26 +33,10 @@ from trainers.model import (
 from trainers.optim import build_optimizer, make_scheduler
 from trainers.publisher import latest_published, publish, shareable
 from trainers.step import StepSettings, train_step
-from trainers.storage import checkpoint_root, local_folder
+from trainers.spec import WorkerSpec, append_metrics
+from trainers.storage import checkpoint_root, newest_checkpoint_on_disk
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    """Everything a training worker needs: its config sections and the handles it talks to."""
-
-    actor: ActorConfig
-    model: ModelConfig
-    algorithm: AlgorithmConfig
-    trainer: TrainerConfig
-    max_response_length: int
-    temperature: float  # rollout sampling temperature: log-probs are computed at the same temperature
-    run_dir: str  # absolute
-    source: Any  # TrajectorySource actor handle
-    publisher: Any = None  # actor handle with publish(ref), or a callable
-    metrics_sink: Any = None  # actor handle with learner(metrics): the streaming driver logs them per step
-    total_steps: int | None = None  # stop after this many steps; also the cosine horizon
 
 
 @dataclass(frozen=True)
@@ -77,25 +58,6 @@ def _has_method(handle: Any, name: str) -> bool:
         return hasattr(getattr(handle, name), "remote")
     except AttributeError:
         return False
-
-
-def newest_checkpoint_on_disk(storage: str, experiment_name: str) -> Path | None:
-    """The newest ``step_*`` checkpoint folder under the run's Ray Train storage whose ``state.pt`` loads (None
-    for remote storage: only Ray Train's registered checkpoints count there).
-
-    Ray Train registers a reported checkpoint only when its controller next polls the worker; a worker killed in
-    between leaves a complete checkpoint on disk that ``ray.train.get_checkpoint()`` does not know."""
-    root = local_folder(storage)
-    if root is None:
-        return None
-    folder = root / experiment_name
-    for candidate in sorted(folder.glob("step_*"), key=lambda p: p.name, reverse=True):
-        try:
-            torch.load(candidate / "state.pt", map_location="cpu", weights_only=False)["progress"]
-        except Exception:  # noqa: BLE001 - partly written or foreign: try the next older one
-            continue
-        return candidate
-    return None
 
 
 def _checkpoint_to_load(spec: WorkerSpec) -> ray.train.Checkpoint | None:
@@ -189,16 +151,6 @@ def _report(spec, model, optimizer, scheduler, progress: Progress, metrics: dict
             metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp) if on_rank0 else None,
             checkpoint_dir_name=f"step_{progress.step:06d}",
         )
-
-
-LEARNER_METRICS = "learner_metrics.jsonl"
-
-
-def append_metrics(run_dir: str, metrics: dict[str, float]) -> None:
-    path = Path(run_dir) / LEARNER_METRICS
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
-        fh.write(json.dumps(metrics, sort_keys=True) + "\n")
 
 
 def _settings(spec: WorkerSpec, device: torch.device) -> StepSettings:

@@ -44,10 +44,7 @@ def test_a_run_resumes_from_a_file_uri(tmp_path):
 def test_remote_storage_is_read_through_pyarrow(tmp_path, monkeypatch):
     """A URI that is not a folder here (s3://, gs://) goes through pyarrow.fs; its local filesystem stands in."""
     _write_checkpoint(tmp_path / "bucket" / "exp", step=5, version=5, registered=True)
-    from trainers import worker
-
-    for module in (storage, worker):  # nothing is a folder here: only pyarrow reads it
-        monkeypatch.setattr(module, "local_folder", lambda root: None)
+    monkeypatch.setattr(storage, "local_folder", lambda root: None)  # nothing is a folder here: only pyarrow reads it
     root = f"file://{tmp_path}/bucket/exp"
     assert storage.read_bytes(root, "missing.json") is None
     snapshot = json.loads(storage.read_bytes(root, "checkpoint_manager_snapshot.json"))
