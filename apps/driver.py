@@ -314,10 +314,9 @@ class AdapterPublisher:
     def __init__(self, app_name: str, coordinator: Any, sink: Any, wait_s: float = 300.0, *, validator: Any = None,
                  test_freq: int = -1, total_steps: int | None = None, validate_before_train: bool = False):
         from apps.rollout import publish_adapter
-        from deployments.adapter_registry import get_adapter_registry
 
         self._publish = publish_adapter
-        self._registry = get_adapter_registry(app_name)
+        self._registry_handle: Any = None  # the app's registry, looked up on first use (the app may deploy later)
         self._reported: set[str] = set()  # replicas a reported switch already named
         self.app_name = app_name
         self.coordinator = coordinator
@@ -326,11 +325,30 @@ class AdapterPublisher:
         self.validator = validator
         self.test_freq = test_freq
         self.total_steps = total_steps
-        # With validate_before_train, publishing waits until validate_start has validated version 0, whichever
-        # call reaches this (threaded) actor first.
+        # Without a coordinator yet (the learner starts while the rollout app deploys), publish and latest wait for
+        # attach(); with validate_before_train, publishing then waits until validate_start has validated version 0,
+        # whichever call reaches this (threaded) actor first.
+        self._attached = threading.Event()
+        if coordinator is not None:
+            self._attached.set()
         self._start_validated = threading.Event()
         if not validate_before_train:
             self._start_validated.set()
+
+    def attach(self, coordinator: Any, validator: Any = None) -> None:
+        """The rollout app is deployed and the coordinator exists: publishes may go ahead. The learner starts before
+        (its workers' start-up overlaps the app's deploy) and waits here on its first ``latest`` or ``publish``."""
+        self.coordinator = coordinator
+        self.validator = validator
+        self._attached.set()
+
+    @property
+    def _registry(self) -> Any:
+        if self._registry_handle is None:
+            from deployments.adapter_registry import get_adapter_registry
+
+            self._registry_handle = get_adapter_registry(self.app_name)
+        return self._registry_handle
 
     def validate_start(self) -> None:
         """Validate policy version 0 while the learner starts and the first groups generate; the first publish
@@ -346,9 +364,11 @@ class AdapterPublisher:
 
     def latest(self) -> AdapterRef:
         """The newest adapter the replicas were told to load (a restarted learner publishes past it)."""
+        self._attached.wait()
         return ray.get(self._registry.latest.remote())
 
     def publish(self, ref: AdapterRef) -> dict[str, int]:
+        self._attached.wait()
         self._start_validated.wait()
         started = time.perf_counter()
         loaded = self._publish(self.app_name, ref, self.wait_s)

@@ -119,17 +119,42 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
     check_cluster(cfg, rows + val_rows, tools, deploy_rollout=not attached, learner=not cfg.trainer.val_only)
     tracker = RunTracker(cfg, run_dir)  # after the checks that can refuse the run: no mlflow run left open
 
-    # 2. Rollout engines: attach to an app deployed with `serve deploy`, or deploy it; version 0 = the start policy.
-    base = AdapterRef(version=0, path=model.lora_adapter_path or "")
-    rollout = attach_rollout_app(cfg.serve.app_name, base=base) if attached else deploy_rollout_app(cfg, base=base)
-    log.info("%s rollout app %r", "attached to" if attached else "deployed", cfg.serve.app_name)
-
-    # 3. Buffer (a bounded queue), agent workers, validation before training, the coordinator (admission), the
-    #    publisher and the metrics sink.
+    # 2. The buffer (a bounded queue), the metrics sink, the publisher, and the learner: Ray Train GRPO in a thread,
+    #    started first so its workers' start-up (process, imports, model load: ~30 s on a 2-core box) overlaps the
+    #    rollout app's deploy and the agent workers' start. Its first publish waits until the publisher is attached
+    #    (step 4); each step's metrics arrive through the sink.
     stream = cfg.stream
     buffer = ray.remote(num_cpus=0)(TrajectoryBuffer).remote(
         batch_groups=batch, capacity_groups=stream.buffer_groups, max_staleness=stream.max_staleness,
         drop_stale=stream.enabled and stream.abort_stale, keep_batches=bool(cfg.trainer.rollout_data_dir))
+    sink = MetricsSinkActor.remote()
+    validate_first = bool(val_rows) and cfg.trainer.val_before_train
+    if validate_first and resume:  # the replicas sample version 0 until the learner republishes what it restored
+        log.info("trainer.val_before_train: skipped on resume (validated when the run started)")
+        validate_first = False
+    publisher = AdapterPublisherActor.options(**on_this_node()).remote(  # adapters also land in this run dir
+        cfg.serve.app_name, None, sink, test_freq=cfg.trainer.test_freq, total_steps=total_steps,
+        validate_before_train=validate_first)
+    outcome: dict = {}
+    fit = None
+    if not cfg.trainer.val_only:
+        if stream.enabled and stream.max_staleness > 0 and cfg.actor_rollout_ref.actor.tis_imp_ratio_cap <= 0:
+            log.warning("stream.max_staleness=%d: tokens sampled by older policy versions are trained without an "
+                        "importance correction; set actor_rollout_ref.actor.tis_imp_ratio_cap (e.g. 2.0) to reweight "
+                        "them by their behaviour log-probs", stream.max_staleness)
+        if resume:
+            print(f"resuming from the step-{resume['step']} checkpoint (policy version {resume['policy_version']}) in "
+                  f"{checkpoint_root(cfg.trainer)}")
+        trainer = build_trainer(cfg, source=buffer, publisher=publisher, total_steps=total_steps, metrics_sink=sink)
+        fit = threading.Thread(target=lambda: outcome.update(result=trainer.fit()), daemon=True)
+        fit.start()
+
+    # 3. Rollout engines: attach to an app deployed with `serve deploy`, or deploy it; version 0 = the start policy.
+    base = AdapterRef(version=0, path=model.lora_adapter_path or "")
+    rollout = attach_rollout_app(cfg.serve.app_name, base=base) if attached else deploy_rollout_app(cfg, base=base)
+    log.info("%s rollout app %r", "attached to" if attached else "deployed", cfg.serve.app_name)
+
+    # 4. Agent workers, validation before training, the coordinator (admission); then the publisher may publish.
     run_id = tracker.mlflow_run_id or uuid.uuid4().hex[:8]
     spec = AgentWorkerSpec.from_config(cfg, tokenizer_path=tokenizer_path)
     tracer_factory = _tracer_factory(cfg, run_id)
@@ -148,13 +173,6 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
             reporter.validation(result)
             tracker.log_step(0, result.metrics)
         return _finish(cfg, tracker, reporter, attached, {}, started)
-    if stream.enabled and stream.max_staleness > 0 and cfg.actor_rollout_ref.actor.tis_imp_ratio_cap <= 0:
-        log.warning("stream.max_staleness=%d: tokens sampled by older policy versions are trained without an "
-                    "importance correction; set actor_rollout_ref.actor.tis_imp_ratio_cap (e.g. 2.0) to reweight "
-                    "them by their behaviour log-probs", stream.max_staleness)
-    if resume:
-        print(f"resuming from the step-{resume['step']} checkpoint (policy version {resume['policy_version']}) in "
-              f"{checkpoint_root(cfg.trainer)}")
     admission = AdmissionController(batch, stream.max_staleness, streaming=stream.enabled,
                                     abort_stale=stream.abort_stale,
                                     resume_version=resume["policy_version"] if resume else 0)
@@ -163,28 +181,16 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
                                           max_consecutive_failures=stream.max_failed_groups,
                                           start_position=resume["step"] * batch if resume else 0)
     ray.get(buffer.set_drop_listener.remote(coordinator))
-    sink = MetricsSinkActor.remote()
-    validate_first = validator is not None and cfg.trainer.val_before_train
-    if validate_first and resume:  # the replicas sample version 0 until the learner republishes what it restored
-        log.info("trainer.val_before_train: skipped on resume (validated when the run started)")
-        validate_first = False
-    publisher = AdapterPublisherActor.options(**on_this_node()).remote(  # adapters also land in this run dir
-        cfg.serve.app_name, coordinator, sink, validator=validator, test_freq=cfg.trainer.test_freq,
-        total_steps=total_steps, validate_before_train=validate_first)
+    ray.get(publisher.attach.remote(coordinator, validator))
     coordinator_done = coordinator.run.remote()
     if validate_first:
-        # Version 0 is validated while the learner starts and the first groups generate (both with version 0);
-        # the first publish waits for it. The result reaches the console and metrics through the sink.
+        # Version 0 is validated while the first groups generate (both with version 0); the first publish waits for
+        # it. The result reaches the console and metrics through the sink.
         publisher.validate_start.remote()
 
-    # 4. The learner: Ray Train GRPO in a thread; each step's metrics arrive through the sink.
-    trainer = build_trainer(cfg, source=buffer, publisher=publisher, total_steps=total_steps, metrics_sink=sink)
-    outcome: dict = {}
     interrupted = 0
     steps = StepLog(sink, publisher, buffer, coordinator, tracker, reporter, first_step=resume["step"] + 1 if resume else 1)
-    fit = threading.Thread(target=lambda: outcome.update(result=trainer.fit()), daemon=True)
     try:
-        fit.start()
         steps.follow(fit, total_steps)
         fit.join()
         result = outcome.get("result")
