@@ -36,3 +36,12 @@ def qwen_tokenizer_dir() -> Path:
     folder = Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files"
     assert (folder / "tokenizer.json").is_file(), f"{folder} has no tokenizer.json"
     return folder
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own -m deselection
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests on the session's shared rollout app (``rollout_app``: Ray, Serve, two replicas and two ingress replicas,
+    ~30 s to deploy on 2 cores) belong to the slow tier: that deploy alone was a quarter of the fast tier's 2 minutes."""
+    for item in items:
+        if "rollout_app" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
