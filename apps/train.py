@@ -127,17 +127,16 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
     buffer = ray.remote(num_cpus=0)(TrajectoryBuffer).remote(
         batch_groups=batch, capacity_groups=stream.buffer_groups, max_staleness=stream.max_staleness,
         drop_stale=stream.enabled and stream.abort_stale, keep_batches=bool(cfg.trainer.rollout_data_dir))
-    sink = MetricsSinkActor.remote()
     validate_first = bool(val_rows) and cfg.trainer.val_before_train
     if validate_first and resume:  # the replicas sample version 0 until the learner republishes what it restored
         log.info("trainer.val_before_train: skipped on resume (validated when the run started)")
         validate_first = False
-    publisher = AdapterPublisherActor.options(**on_this_node()).remote(  # adapters also land in this run dir
-        cfg.serve.app_name, None, sink, test_freq=cfg.trainer.test_freq, total_steps=total_steps,
-        validate_before_train=validate_first)
     outcome: dict = {}
-    fit = None
     if not cfg.trainer.val_only:
+        sink = MetricsSinkActor.remote()
+        publisher = AdapterPublisherActor.options(**on_this_node()).remote(  # adapters also land in this run dir
+            cfg.serve.app_name, None, sink, test_freq=cfg.trainer.test_freq, total_steps=total_steps,
+            validate_before_train=validate_first)
         if stream.enabled and stream.max_staleness > 0 and cfg.actor_rollout_ref.actor.tis_imp_ratio_cap <= 0:
             log.warning("stream.max_staleness=%d: tokens sampled by older policy versions are trained without an "
                         "importance correction; set actor_rollout_ref.actor.tis_imp_ratio_cap (e.g. 2.0) to reweight "
