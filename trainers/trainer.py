@@ -24,8 +24,9 @@ from trainers.storage import checkpoint_root, newest_checkpoint_on_disk, read_by
 
 
 def train_loop(config: dict[str, Any]) -> None:
-    """The Ray Train worker's entry point. The loop's module (torch, peft, transformers' model code: ~6 s of imports
-    on a 2-core box) is imported here, in the train worker, not by the driver that only builds the trainer."""
+    """The Ray Train worker's entry point: the loop's module (peft, the FSDP and model code) is imported here, in the
+    train worker; the driver only builds the trainer. (Not a start-up speed-up for ``apps.train``: its tokenizer
+    import pulls in most of the same transformers stack.)"""
     from trainers.worker import train_loop_per_worker
 
     train_loop_per_worker(config)
