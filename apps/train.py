@@ -45,8 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/demo_cpu.yaml", help="experiment YAML")
     parser.add_argument("--root", type=Path, help="directory the config's relative paths (model, data, outputs, "
-                        "mlflow store) resolve against; default: the working directory. Under `ray job submit "
-                        "--working-dir .` that is an uploaded copy of the repo without .cache/: pass --root $PWD")
+                        "mlflow store) resolve against, and the job's working directory once they are resolved; "
+                        "default: the working directory. Under `ray job submit --working-dir .` that is an uploaded "
+                        "copy of the repo without .cache/: pass --root $PWD")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value overrides, as on verl's command line")
     args = parser.parse_args(argv)
     # force: an import has already given the root logger a WARNING-level handler, which would hide ours.
@@ -81,6 +82,12 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _raise_terminated)
     cfg = with_absolute_paths(cfg, root)
+    if root is not None:
+        # The job then works in root: what a library writes relative to the working directory (mlflow's artifact
+        # store, ./mlruns) lands beside the run's other outputs, not in the uploaded copy of the repo, which Ray
+        # deletes when the job ends (or sooner: another node on the same machine re-unpacking that package removed
+        # the driver's working directory under it, and mlflow's Path.cwd() failed).
+        os.chdir(root)
     run_dir = Path(cfg.trainer.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     model = cfg.actor_rollout_ref.model

@@ -65,23 +65,31 @@ class Outcome:
     output: str = ""
 
     def verdict(self) -> tuple[bool, str]:
-        """Whether the fault's goal is met, and the goal."""
-        full = self.steps == self.total_steps
-        if self.fault == "replica":
-            return self.injected and self.codes == [0] and full and self.failed == 0, "exit 0, all steps, 0 failed"
-        if self.fault == "train_worker":
-            rising = all(b > a for a, b in zip(self.versions, self.versions[1:]))
-            return (self.injected and self.codes == [0] and full and rising,
-                    "exit 0, all steps, policy versions strictly increasing")
-        if self.fault == "agent_worker":
-            # its groups are re-dispatched, so none should fail (stricter than "failed <= groups it held")
-            return (self.injected and self.codes == [0] and full and self.failed == 0 and self.mentions < 100,
-                    "exit 0, all steps, 0 failed (its groups re-dispatched), < 100 log lines")
-        if self.fault == "over_asked":
+        """Whether every injected fault's goal is met, and the goals (a job that ends with Ctrl-C exits 130 and its
+        relaunch 0; the other faults' goals hold in the first launch)."""
+        faults = self.fault.split("+")
+        if faults == ["over_asked"]:
             return (self.codes[:1] != [0] and self.wall_s < 60 and "CPUs asked" in self.output,
                     "non-zero exit within 60 s naming CPUs asked vs available")
-        return (self.injected and self.codes == [130, 0] and self.checkpoint and self.resumed_from > 0 and full,
-                "exit 130, checkpoint on disk, the rerun resumes and finishes")
+        full = self.steps == self.total_steps
+        if faults[-1] == "sigint":
+            ok, goals = self.codes == [130, 0] and full, ["exit 130, the rerun finishes"]
+        else:
+            ok, goals = self.codes == [0] and full, ["exit 0, all steps"]
+        ok = ok and self.injected
+        for fault in faults:
+            if fault == "replica":
+                ok, goals = ok and self.failed == 0, goals + ["0 failed"]
+            elif fault == "train_worker":
+                rising = all(b > a for a, b in zip(self.versions, self.versions[1:]))
+                ok, goals = ok and rising, goals + ["policy versions strictly increasing"]
+            elif fault == "agent_worker":
+                # its groups are re-dispatched, so none should fail (stricter than "failed <= groups it held")
+                ok = ok and self.failed == 0 and self.mentions < 100
+                goals.append("0 failed (its groups re-dispatched), < 100 log lines")
+            elif fault == "sigint":
+                ok, goals = ok and self.checkpoint and self.resumed_from > 0, goals + ["checkpoint on disk, resumed"]
+        return ok, ", ".join(goals)
 
 
 def command(run_dir: Path, model: Path, rows: Path, steps: int, save_freq: int, extra: list[str]) -> list[str]:
@@ -163,27 +171,43 @@ def inject(fault: str, proc: subprocess.Popen) -> bool:
 def run_fault(fault: str, work: Path, model: Path, rows: Path, *, steps: int, fault_step: int,
               timeout_s: float = 900.0) -> Outcome:
     """Run the job once with ``fault`` injected after ``fault_step`` learner steps; the row's numbers."""
-    run_dir = work / fault / "run"
+    return run_faults([(fault, fault_step)], work, model, rows, steps=steps, timeout_s=timeout_s)
+
+
+def run_faults(faults: list[tuple[str, int]], work: Path, model: Path, rows: Path, *, steps: int,
+               timeout_s: float = 900.0) -> Outcome:
+    """One job with each ``(fault, step)`` injected in turn, once the learner has finished that many steps (a
+    ``sigint`` last: the job is then launched again and must finish). The row's numbers, ``versions`` from the
+    first launch (a relaunch restarts its numbering at the checkpoint's version)."""
+    names = [fault for fault, _ in faults]
+    if "sigint" in names[:-1] or ("over_asked" in names and len(faults) > 1):
+        raise ValueError(f"{names}: sigint can only come last, and over_asked only alone")
+    name = "+".join(names)
+    run_dir = work / name / "run"
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    save_freq = 3 if fault_step > 3 else max(1, fault_step - 1)
-    extra = {"replica": ["serve.min_replicas=2", "serve.max_replicas=2", "serve.num_cpus_per_replica=0.4"],
-             "train_worker": ["trainer.max_failures=2"],
-             "agent_worker": ["actor_rollout_ref.rollout.agent.num_workers=2"],
-             "over_asked": ["serve.min_replicas=2", "serve.max_replicas=2", "serve.num_cpus_per_replica=0.5"],
-             "sigint": []}[fault]
-    cmd = command(run_dir, model, rows, steps, save_freq, extra)
-    out = Outcome(fault, total_steps=steps)
+    save_freq = min(3 if step > 3 else max(1, step - 1) for _, step in faults)
+    extras = {"replica": ["serve.min_replicas=2", "serve.max_replicas=2", "serve.num_cpus_per_replica=0.4"],
+              "train_worker": ["trainer.max_failures=2"],
+              "agent_worker": ["actor_rollout_ref.rollout.agent.num_workers=2"],
+              "over_asked": ["serve.min_replicas=2", "serve.max_replicas=2", "serve.num_cpus_per_replica=0.5"],
+              "sigint": []}
+    cmd = command(run_dir, model, rows, steps, save_freq, [arg for fault in names for arg in extras[fault]])
+    out = Outcome(name, total_steps=steps)
     started = time.perf_counter()
     logs = [run_dir.parent / "job.log"]
     proc = _start(cmd, logs[0])
-    if fault != "over_asked":
-        deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + timeout_s
+    hits = []
+    for fault, fault_step in faults:
+        if fault == "over_asked":
+            continue
         while proc.poll() is None and learner_steps(run_dir) < fault_step and time.monotonic() < deadline:
             time.sleep(0.2)
-        if proc.poll() is None:
-            out.injected = inject(fault, proc)
+        hits.append(proc.poll() is None and inject(fault, proc))
+    out.injected = bool(hits) and all(hits)
     out.codes.append(_wait(proc, timeout_s))
-    if fault == "sigint":
+    out.versions = [int(row["policy_version"]) for row in _train_rows(run_dir)]
+    if names[-1] == "sigint":
         out.checkpoint = any((run_dir / "ray_train").glob("*/step_*/state.pt"))
         logs.append(run_dir.parent / "rerun.log")
         rerun = _start(cmd, logs[1])
@@ -192,12 +216,9 @@ def run_fault(fault: str, work: Path, model: Path, rows: Path, *, steps: int, fa
         out.resumed_from = int(match.group(1)) if match else 0
     out.wall_s = time.perf_counter() - started
     out.output = "\n".join(path.read_text(errors="replace") for path in logs)
-    out.mentions = sum(bool(re.search(MENTIONS[fault], line)) for line in out.output.splitlines())
-    metrics = run_dir / "metrics.jsonl"
-    rows_ = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
-    train = [row for row in rows_ if "policy_version" in row]
+    out.mentions = sum(any(re.search(MENTIONS[fault], line) for fault in names) for line in out.output.splitlines())
+    train = _train_rows(run_dir)
     out.steps = max((int(row["step"]) for row in train), default=0)
-    out.versions = [int(row["policy_version"]) for row in train]
     book = run_dir / "accounting.json"
     if book.is_file():
         counts = json.loads(book.read_text())
@@ -205,6 +226,13 @@ def run_fault(fault: str, work: Path, model: Path, rows: Path, *, steps: int, fa
     if train:
         out.retried = int(train[-1].get("groups/redispatched", 0) + train[-1].get("rollout/generate_retries", 0))
     return out
+
+
+def _train_rows(run_dir: Path) -> list[dict]:
+    """The training steps' rows of ``metrics.jsonl`` (those with a policy version)."""
+    metrics = run_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+    return [row for row in rows if "policy_version" in row]
 
 
 def table(outcomes: list[Outcome]) -> str:

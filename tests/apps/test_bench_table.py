@@ -25,3 +25,23 @@ def test_every_benchmark_with_a_goal_prints_a_computed_verdict():
     text = table([summarize("a", ["x 2.00x PASS"], 0, 1.0), summarize("b", [""], 0, 1.0)])
     assert text.splitlines()[0].split() == ["benchmark", "ratio", "goal", "verdict", "time"]
     assert "PASS" in text.splitlines()[1]
+
+
+def test_chaos_verdict_of_a_job_with_two_faults_needs_both_goals():
+    from benchmarks.chaos import Outcome
+
+    def outcome(**kw):
+        base = dict(fault="train_worker+sigint", codes=[130, 0], steps=4, total_steps=4, versions=[1, 2, 4, 5],
+                    checkpoint=True, resumed_from=3, injected=True)
+        return Outcome(**{**base, **kw})
+
+    ok, goal = outcome().verdict()
+    assert ok and "strictly increasing" in goal and "resumed" in goal
+    assert not outcome(versions=[1, 2, 2, 3]).verdict()[0]  # the train worker's goal
+    assert not outcome(resumed_from=0).verdict()[0]  # Ctrl-C's goal
+    assert not outcome(codes=[0]).verdict()[0]  # a job that was never interrupted
+    assert not outcome(injected=False).verdict()[0]
+    assert not outcome(steps=3).verdict()[0]
+    assert Outcome("train_worker", codes=[0], steps=4, total_steps=4, versions=[1, 2, 3], injected=True).verdict()[0]
+    assert not Outcome("replica", codes=[0], steps=4, total_steps=4, failed=1, injected=True).verdict()[0]
+    assert Outcome("over_asked", codes=[2], wall_s=20.0, output="2.1 CPUs asked").verdict()[0]

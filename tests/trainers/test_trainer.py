@@ -91,26 +91,28 @@ def _train(cfg, trajectories, total_steps):
 
 
 def test_kill_free_resume_matches_an_uninterrupted_run(ray_cluster, grpo_model_dir, tmp_path):
+    """A run resumed from another run's step-2 checkpoint (``trainer.resume_mode=resume_path``) trains step 3 exactly
+    as the uninterrupted run did. (``auto``, which finds the newest checkpoint of the same run by itself, differs only
+    in that lookup: tests/trainers/test_storage.py, and end to end the Ctrl-C relaunch in tests/apps/test_chaos.py.)"""
     trajectories = make_trajectories(8, 4, seed=21)
     full_cfg = _cfg(grpo_model_dir, tmp_path / "full", "full", "trainer.save_freq=1")
     full, full_refs = _train(full_cfg, trajectories, 3)
     assert [m["step"] for m in full] == [1, 2, 3]
     assert [r.version for r in full_refs] == [1, 2, 3]
-
-    split_cfg = _cfg(grpo_model_dir, tmp_path / "split", "split", "trainer.save_freq=1")
-    first, first_refs = _train(split_cfg, trajectories, 2)
-    assert [m["step"] for m in first] == [1, 2]
-    v2 = load_file(Path(first_refs[-1].path) / "adapter_model.safetensors")
-    # A new trainer, a new source actor (cursor at 0), the same run name and storage: resumes at step 3,
-    # after publishing the restored adapter again (fresh replicas would otherwise sample the base model).
+    step2 = tmp_path / "full" / "ray_train" / "full" / "step_000002"
+    v2 = load_file(Path(full_refs[1].path) / "adapter_model.safetensors")
+    # A new trainer, a new source actor (cursor at 0), another run name and storage: resumes at step 3, after
+    # publishing the restored adapter again (fresh replicas would otherwise sample the base model).
+    split_cfg = _cfg(grpo_model_dir, tmp_path / "split", "split", "trainer.save_freq=1",
+                     "trainer.resume_mode=resume_path", f"trainer.resume_from_path={step2}")
     resumed, refs = _train(split_cfg, trajectories, 3)
     assert [r.version for r in refs] == [2, 3]
     republished = load_file(Path(refs[0].path) / "adapter_model.safetensors")
     assert v2.keys() == republished.keys() and all(torch.equal(v2[k], republished[k]) for k in v2)
-    assert [m["step"] for m in resumed] == [1, 2, 3]
+    assert [m["step"] for m in resumed] == [3]  # this run's own steps
     assert read_metrics(tmp_path / "split")[-1]["policy_version"] == 3
     for key in ("pg_loss", "grad_norm", "entropy", "rollout_logprob_gap", "advantages/mean"):
-        assert resumed[2][key] == pytest.approx(full[2][key], rel=1e-5, abs=1e-7), key
+        assert resumed[0][key] == pytest.approx(full[2][key], rel=1e-5, abs=1e-7), key
     adapter_full = load_file(Path(full_refs[-1].path) / "adapter_model.safetensors")
     adapter_split = load_file(Path(refs[-1].path) / "adapter_model.safetensors")
     assert adapter_full.keys() == adapter_split.keys()
