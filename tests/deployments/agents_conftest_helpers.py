@@ -158,7 +158,7 @@ def agents_ray() -> Iterator[None]:
         ray.shutdown()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # its only module; deleted after it (an idle app takes CPU from later tests)
 def sql_rollout_app(agents_ray: None, sql_model_dir: Path) -> Iterator[dict[str, Any]]:
     """The real rollout app (RolloutServer + OpenAI ingress) serving the SQL-taught tiny model."""
     from ray import serve

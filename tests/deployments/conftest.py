@@ -79,9 +79,11 @@ def tool_call_adapter(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFac
     return build_tool_call_adapter(tiny_model_dir, tmp_path_factory.mktemp("tool_call_adapter"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def rollout_app(ray_cluster, tiny_model_dir: Path) -> RolloutApp:
-    """The rollout app with 2 replicas on the tiny model, 2 ingress replicas and a bearer token, shared by the session."""
+    """The rollout app with 2 replicas on the tiny model, 2 ingress replicas and a bearer token, shared by this package's
+    tests (deleted after them: an idle app's replicas, ingress and Serve's loops took ~0.3 of a core from the tests after
+    it)."""
     from ray import serve
 
     from apps.rollout import RolloutAppArgs, build_app, ingress_handle, rollout_handle
@@ -113,3 +115,16 @@ def rollout_app(ray_cluster, tiny_model_dir: Path) -> RolloutApp:
         model_dir=tiny_model_dir,
     )
     serve.delete(APP_NAME)
+
+
+@pytest.fixture(scope="package", autouse=True)
+def _serve_stops_after_this_package():
+    """Serve (controller, proxy, whatever app a test left) stops when this package's tests end; the session's Ray
+    cluster stays for tests/trainers."""
+    yield
+    import ray
+
+    if ray.is_initialized():
+        from ray import serve
+
+        serve.shutdown()
