@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,31 @@ _RAY_GAUGES = {
     "reward/mean": "tandem_reward_mean",
     "policy_version": "tandem_policy_version",
 }
+
+
+# mlflow stores being opened in a thread (tracking URI → thread), waited for by RunTracker
+_PREPARING: dict[str, threading.Thread] = {}
+
+
+def prepare_store(cfg: TandemConfig) -> None:
+    """Import mlflow and open its store (a new sqlite file: its tables are created) in a thread, so the ~6 s this
+    takes on 2 cores overlaps Ray's start-up; ``RunTracker`` waits for it. Creates no experiment and no run: a run
+    refused afterwards leaves at most an empty store."""
+    uri = cfg.tracking.mlflow_tracking_uri
+    if "mlflow" not in cfg.trainer.logger or not uri.startswith("sqlite:") or uri in _PREPARING:
+        return
+
+    def open_store() -> None:
+        try:
+            import mlflow
+
+            mlflow.MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+        except Exception as exc:  # noqa: BLE001 - RunTracker opens the store again and raises what is wrong
+            log.debug("mlflow store %s not prepared ahead: %s", uri, exc)
+
+    thread = threading.Thread(target=open_store, name="mlflow-store", daemon=True)
+    thread.start()
+    _PREPARING[uri] = thread
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -70,6 +96,9 @@ class RunTracker:
             self._start_ray_gauges()
 
     def _start_mlflow(self) -> None:
+        preparing = _PREPARING.pop(self.cfg.tracking.mlflow_tracking_uri, None)
+        if preparing is not None:
+            preparing.join()
         import mlflow
 
         mlflow.set_tracking_uri(self.cfg.tracking.mlflow_tracking_uri)

@@ -29,7 +29,7 @@ from apps.driver import (AdapterPublisherActor, MetricsSinkActor, check_resource
                          load_training_rows, summary_table, with_absolute_paths)
 from apps.progress import Reporter, StepLog, final_paths
 from apps.rollout import attach_rollout_app, delete_rollout_app, deploy_rollout_app, deployed_apps
-from apps.tracking import RunTracker
+from apps.tracking import RunTracker, prepare_store
 from apps.validation import Validator
 from configs import ConfigError, TandemConfig, load_config
 from deployments.agent_workers import AgentWorker, AgentWorkerSpec
@@ -116,6 +116,7 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
             "to train. Pass a new trainer.experiment_name or trainer.default_local_dir for a new run, raise "
             "trainer.total_training_steps to continue it, or trainer.resume_mode=disable to start over")
     # Ray only once the config, data and resume point are known good: their errors come first, and fast.
+    prepare_store(cfg)  # mlflow's import and store creation overlap Ray's start
     connect_ray(cfg)
     attached = cfg.serve.app_name in deployed_apps()
     if attached and (cfg.serve.placement.resources or cfg.serve.placement.label_selector):

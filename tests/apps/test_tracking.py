@@ -30,3 +30,27 @@ def test_tensorboard_and_file_loggers_hold_every_step_nan_included(tmp_path, mon
     assert [(e.step, e.value) for e in events.Scalars("reward/mean")] == [(1, 0.25), (2, 0.5)]
     assert math.isnan(events.Scalars("grad_norm")[1].value)
     assert tracker.mlflow_run_id is None  # mlflow not asked for
+
+
+def test_a_store_prepared_ahead_has_tables_but_no_run_until_the_tracker_starts_one(tmp_path, monkeypatch):
+    import sqlite3
+
+    import mlflow
+
+    from apps import tracking
+
+    monkeypatch.chdir(tmp_path)  # mlflow's default artifact root (./mlruns) lands here
+    db = tmp_path / "mlruns.db"
+    cfg = load_config(None, [f"tracking.mlflow_tracking_uri=sqlite:///{db}", "trainer.logger=[mlflow]",
+                             "trainer.experiment_name=prepared"])
+    tracking.prepare_store(cfg)
+    thread = tracking._PREPARING[cfg.tracking.mlflow_tracking_uri]
+    thread.join(120)
+    with sqlite3.connect(db) as conn:  # what a run refused now would leave: tables, no run
+        assert conn.execute("select count(*) from runs").fetchone() == (0,)
+    tracker = RunTracker(cfg, tmp_path / "run", ray_metrics=False)
+    assert cfg.tracking.mlflow_tracking_uri not in tracking._PREPARING  # waited for, then forgotten
+    tracker.log_step(1, {"reward/mean": 0.5})
+    tracker.finish()
+    run = mlflow.MlflowClient(tracking_uri=cfg.tracking.mlflow_tracking_uri).get_run(tracker.mlflow_run_id)
+    assert run.info.run_name == "prepared" and run.data.metrics["reward/mean"] == 0.5
