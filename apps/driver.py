@@ -7,6 +7,7 @@ adapter to the rollout replicas and tells the coordinator, the metrics sink, and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -15,7 +16,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import ray
 
@@ -48,9 +49,26 @@ def connect_ray(cfg: TandemConfig) -> None:
     env = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
            "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")  # the Ray Train controller may run here
-    dashboard = {"dashboard_port": _dashboard_port()} if cfg.tracking.ray_dashboard else {}
-    ray.init(address="local", include_dashboard=cfg.tracking.ray_dashboard, log_to_driver=True,
-             logging_config=ray.LoggingConfig(log_level="WARNING"), runtime_env={"env_vars": env}, **dashboard)
+    # Two runs started together on one machine would both find the dashboard's port free, and the second's dashboard
+    # would then fail to bind it and take ray.init down: the port is chosen and bound under a machine-wide lock.
+    with _machine_lock("ray-init"):
+        dashboard = {"dashboard_port": _dashboard_port()} if cfg.tracking.ray_dashboard else {}
+        ray.init(address="local", include_dashboard=cfg.tracking.ray_dashboard, log_to_driver=True,
+                 logging_config=ray.LoggingConfig(log_level="WARNING"), runtime_env={"env_vars": env}, **dashboard)
+
+
+@contextlib.contextmanager
+def _machine_lock(name: str) -> Iterator[None]:
+    """An exclusive lock shared by every process on this machine (a file lock in the temp folder)."""
+    import fcntl
+    import tempfile
+
+    with open(Path(tempfile.gettempdir()) / f"tandem-rl-{name}.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _dashboard_port(default: int = 8265) -> int:

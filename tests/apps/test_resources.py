@@ -50,3 +50,23 @@ def test_a_taken_dashboard_port_gives_a_free_one():
         assert other != taken
     with socket.socket() as free:  # the port it gave is one a server can listen on
         free.bind(("127.0.0.1", other))
+
+
+def test_the_machine_lock_around_ray_init_holds_off_another_process():
+    """Two runs started together take turns choosing the dashboard's port and starting Ray (the lock is a file,
+    shared by processes: a second process waits until the first lets go)."""
+    import subprocess
+    import sys
+    import time
+
+    from apps.driver import _machine_lock
+
+    probe = ("from apps.driver import _machine_lock\nprint('waiting', flush=True)\n"
+             "with _machine_lock('test-lock'): print('got it', flush=True)")
+    with _machine_lock("test-lock"):
+        other = subprocess.Popen([sys.executable, "-c", probe], stdout=subprocess.PIPE, text=True)
+        assert other.stdout.readline().strip() == "waiting"
+        time.sleep(1)
+        assert other.poll() is None  # blocked on the lock this process holds
+    assert other.stdout.readline().strip() == "got it"
+    assert other.wait(timeout=60) == 0
