@@ -40,8 +40,9 @@ def qwen_tokenizer_dir() -> Path:
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own -m deselection
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests on the session's shared rollout app (``rollout_app``: Ray, Serve, two replicas and two ingress replicas,
-    ~30 s to deploy on 2 cores) belong to the slow tier: that deploy alone was a quarter of the fast tier's 2 minutes."""
+    """Tests on the shared rollout app of tests/deployments (``rollout_app``: Ray, Serve, two replicas and two ingress
+    replicas, ~30 s to deploy on 2 cores) belong to the slow tier: that deploy alone was a quarter of the fast tier's
+    2 minutes."""
     for item in items:
         if "rollout_app" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
