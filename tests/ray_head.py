@@ -27,6 +27,11 @@ import httpx
 BIN = Path(sys.executable).parent
 
 
+# A node stopped with SIGTERM first drains (waits up to 30 s for its tasks and actors, a detached Serve controller
+# among them, to go); a test's cluster has nothing left to drain for when it is stopped.
+NO_DRAIN = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -77,7 +82,7 @@ def ray_head(log_path: Path, num_cpus: int, env: dict[str, str], cwd: Path,
              "--dashboard-host=127.0.0.1", "--node-ip-address=127.0.0.1", "--disable-usage-stats",
              f"--temp-dir={temp_dir}", *(f"{flag}={port}" for flag, port in ports.items()),
              *([f"--resources={json.dumps(resources)}"] if resources else [])],
-            cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=cwd, env={**env, **NO_DRAIN}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
     dashboard = f"http://127.0.0.1:{dash}"
     try:
@@ -99,7 +104,7 @@ def ray_node(head: RayHead, log_path: Path, num_cpus: int, resources: dict[str, 
             [BIN / "ray", "start", f"--address={head.gcs_address}", "--block", f"--num-cpus={num_cpus}",
              f"--resources={json.dumps(resources)}", "--node-ip-address=127.0.0.1", "--disable-usage-stats",
              *(f"{flag}={port}" for flag, port in _agent_ports().items())],
-            cwd=cwd, env=head.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=cwd, env={**head.env, **NO_DRAIN}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
     try:
         name = next(iter(resources))
@@ -119,11 +124,15 @@ def ray_node(head: RayHead, log_path: Path, num_cpus: int, resources: dict[str, 
 
 
 def _stop(head: subprocess.Popen) -> None:
-    """SIGTERM to the ``ray start --block`` process group; it shuts its cluster down (SIGKILL after 60 s)."""
+    """SIGTERM to the ``ray start --block`` process, which stops its node (without draining: ``NO_DRAIN``); then
+    SIGKILL to whatever of its process group is left (after 60 s if it has not exited by then). Only that process gets
+    the SIGTERM: with the whole group signalled, GCS was gone before the node's drain call reached it."""
     if head.poll() is None:
-        os.killpg(head.pid, signal.SIGTERM)
+        os.kill(head.pid, signal.SIGTERM)
         try:
             head.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait(timeout=30)
+            pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(head.pid, signal.SIGKILL)
+    head.wait(timeout=30)
