@@ -5,8 +5,10 @@ The cluster is this test's own (tests/ray_head.py) with token auth on, as Ray 2.
 the token comes from ``RAY_AUTH_TOKEN`` so ``~/.ray`` is left alone. The job runs in the uploaded copy of
 the repo, which has none of the git-ignored inputs: model, data and outputs live under a separate root
 named with ``--root``, all given as relative paths. The job trains 3 batch-synchronous steps with the rollout
-replicas (vLLM's CPU build, ``rollout.name: vllm``) and agent workers placed on the second node and the learner on the
-head, so every weight sync crosses nodes through the object store. (This is also the suite's one training run on
+replica (vLLM's CPU build, ``rollout.name: vllm``) and agent workers placed on the second node and the learner on the
+head, so every weight sync crosses nodes through the object store. One replica: a vLLM replica is three processes that
+each import vLLM (~45 CPU-s on this box); that every replica of an app switches on each publish is
+tests/deployments/test_start_adapter.py's and test_rollout_app.py's (two replicas each). (This is also the suite's one training run on
 vLLM: each run of apps.train costs 1.5-3 min of CI, and the training modes do not depend on the engine or the
 placement; the other runs use the hf engine and stream.) A config whose checkpoints would go to the driver's disk
 while train workers may run on another node is refused before anything starts:
@@ -80,14 +82,14 @@ def test_ray_job_submit_on_a_two_node_cluster_batch_synchronous_on_vllm(tmp_path
     elsewhere.mkdir()
     with ray_head(tmp_path / "ray_start.log", num_cpus=4, env=env, cwd=ROOT, resources={"head_node": 8}) as head, \
             ray_node(head, tmp_path / "ray_node2.log", num_cpus=4, resources={"node2": 8}, cwd=elsewhere) as node2:
-        # Three batch-synchronous steps: vLLM rollout replicas and agent workers on node 2, the learner on the head
+        # Three batch-synchronous steps: a vLLM rollout replica and agent workers on node 2, the learner on the head
         # (checkpoints through a file:// URI, the stand-in for shared storage), traces off (no mlflow server to send
         # them to). The vLLM settings (VLLM_CPU_*) come from tests/conftest.py through the cluster's environment.
         two_node_id = f"tandem-job-two-node-{secrets.token_hex(3)}"
         proc = _submit(head, job_root, two_node_id, "two-node", "trainer.total_training_steps=3",
                        f"trainer.storage_path=file://{job_root}/checkpoints/two-node",
                        "trainer.placement.resources={head_node: 1}",
-                       "serve.min_replicas=2", "serve.max_replicas=2", "serve.placement.resources={node2: 1}",
+                       "serve.min_replicas=1", "serve.max_replicas=1", "serve.placement.resources={node2: 1}",
                        "actor_rollout_ref.rollout.agent.placement.resources={node2: 1}",
                        "actor_rollout_ref.rollout.trace.backend=none", "stream.enabled=false",
                        "actor_rollout_ref.rollout.name=vllm",
@@ -98,7 +100,7 @@ def test_ray_job_submit_on_a_two_node_cluster_batch_synchronous_on_vllm(tmp_path
         steps = check_run(run_dir, job_root / "mlruns.db")  # steps 1-3 at versions 1-3, accounting, mlflow, adapter
         # batch-synchronous: no generation while training, every group sampled by the policy being trained
         assert all(row["staleness/max"] == 0 for row in steps)
-        # the replicas' engine: vLLM's own start-up line, forwarded from a replica's engine-core process on node 2
+        # the replica's engine: vLLM's own start-up line, forwarded from the replica's engine-core process on node 2
         assert re.search(r"Initializing a V1 LLM engine \(v[\d.]+\)", proc.stdout + proc.stderr), proc.stdout[-6000:]
         assert [p.parent.name for p in (job_root / "checkpoints" / "two-node").glob("*/step_*/state.pt")] == \
             ["step_000003"]
@@ -107,9 +109,9 @@ def test_ray_job_submit_on_a_two_node_cluster_batch_synchronous_on_vllm(tmp_path
         syncs = re.findall(r"weight sync: replica (\S+) on node (\w+) now samples policy version (\d+) \((.*?)\)",
                            proc.stdout)
         print("\n".join(" ".join(sync) for sync in syncs))  # the placement and per-step versions, for the log
-        for version in (1, 2, 3):  # every replica, each on node 2, switched to each new version after its publish
+        for version in (1, 2, 3):  # the replica, on node 2, switched to each new version after its publish
             switched = {(replica, node) for replica, node, v, how in syncs if int(v) == version and "after publish" in how}
-            assert len(switched) == 2 and {node for _, node in switched} == {node2[:12]}, syncs
+            assert len(switched) == 1 and {node for _, node in switched} == {node2[:12]}, syncs
 
     assert (job_root / "mlruns.db").is_file()
     # mlflow's artifacts (metrics file, reward curve) beside its store, not in the uploaded copy Ray deletes
