@@ -46,3 +46,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "rollout_app" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start what selected tests will wait for in the background (tests/background.py)."""
+    from tests.background import STARTED, Background
+
+    wanted = {name for item in session.items for name in getattr(item, "fixturenames", ())}
+    jobs: dict[str, Background] = {}
+    if "sql_model_dir" in wanted:
+        from tests.deployments.agents_conftest_helpers import TEACH_IN_BACKGROUND
+
+        jobs["sql_model"] = Background("sql_model", TEACH_IN_BACKGROUND, env={"OMP_NUM_THREADS": "1"})
+    if "vllm_extra_resolution" in wanted:
+        from tests.test_gpu_extra_resolves import RESOLVE
+
+        jobs["pip_resolve"] = Background("pip_resolve", RESOLVE)
+    session.config.stash[STARTED] = jobs
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    from tests.background import STARTED
+
+    for job in session.config.stash.get(STARTED, {}).values():
+        job.close()

@@ -8,25 +8,36 @@ install setuptools, ~20 s of every CI run).
 """
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.background import started
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_vllm_extra_resolves_with_our_pins(tmp_path):
-    report = tmp_path / "report.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-build-isolation", "--quiet", "--report", str(report),
-         f"{ROOT}[vllm]"], capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0 and ("No matching distribution" in proc.stderr or "connection" in proc.stderr.lower()):
-        pytest.skip(f"the package index is not reachable: {proc.stderr.strip().splitlines()[-1]}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+# Started when the session is collected (tests/background.py): pip waits on the index most of its ~45 s.
+RESOLVE = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-build-isolation", "--quiet",
+           "--report", "{folder}/report.json", f"{ROOT}[vllm]"]
+
+
+@pytest.fixture
+def vllm_extra_resolution(request) -> tuple[int, str, Path]:
+    """pip's exit code, output and report, from the background process started when the session was collected."""
+    job = started(request.config, "pip_resolve")
+    assert job is not None, "tests/conftest.py starts the resolution for every session that uses this fixture"
+    return job.wait(600), job.output(), job.folder / "report.json"
+
+
+def test_vllm_extra_resolves_with_our_pins(vllm_extra_resolution):
+    code, output, report = vllm_extra_resolution
+    if code != 0 and ("No matching distribution" in output or "connection" in output.lower()):
+        pytest.skip(f"the package index is not reachable: {output.strip().splitlines()[-1]}")
+    assert code == 0, output[-3000:]
     versions = {item["metadata"]["name"].lower(): item["metadata"]["version"]
                 for item in json.loads(report.read_text())["install"]}
     print({name: versions.get(name) for name in ("vllm", "torch", "transformers", "verl", "ray")})

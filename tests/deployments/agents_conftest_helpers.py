@@ -1,9 +1,9 @@
 """Integration helpers for agent-worker tests: a tiny model that calls SQL tools, Ray + the rollout app.
 
 A randomly initialised tiny model never writes a well-formed ``<tool_call>``; no real instruct model can
-be downloaded here. So ``teach_sql_tool_use`` fine-tunes the tiny model for a few seconds on real SQL
-episodes (system + question, an ``execute_sql`` call, the real tool answer, the gold query) rendered with
-its own chat template. The result is a real model served by the real engine that writes tool calls,
+be downloaded here. So ``teach_sql_tool_use`` fine-tunes the tiny model (~40 s on one core, in the background: see
+``sql_model_dir``) on real SQL episodes (system + question, an ``execute_sql`` call, the real tool answer, the gold
+query) rendered with its own chat template. The result is a real model served by the real engine that writes tool calls,
 mostly well-formed, sometimes not: both paths of the agent loop get exercised by sampled output.
 """
 
@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import socket
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ import pytest
 
 from agents.data.rows import DatasetRow
 from agents.data.sql_tasks import sql_row, sql_tasks
+from tests.background import started
 
 TAUGHT_ROWS = 3
 SQL_TOOL_CONFIG: dict[str, Any] = {
@@ -135,9 +137,20 @@ def insurance_db_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_insurance_db(tmp_path_factory.mktemp("agent_sql") / "insurance.sqlite")
 
 
+# tests/background.py: started when the session is collected, if a selected test needs the taught model. It builds its
+# own tiny model (seed 0: the same files as ``tiny_model_dir``) and insurance database (the same rows), on one thread.
+TEACH_IN_BACKGROUND = [sys.executable, "-m", "tests.deployments.agents_conftest_helpers", "{folder}"]
+
+
 @pytest.fixture(scope="session")
-def sql_model_dir(tiny_model_dir: Path, insurance_db_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return teach_sql_tool_use(tiny_model_dir, tmp_path_factory.mktemp("sql_model"), insurance_db_path)
+def sql_model_dir(request: pytest.FixtureRequest) -> Path:
+    """The tiny model taught SQL tool use, by the background process started when the session was collected."""
+    teaching = started(request.config, "sql_model")
+    assert teaching is not None, "tests/conftest.py starts the teaching for every session that uses sql_model_dir"
+    code = teaching.wait()
+    if code != 0:
+        raise RuntimeError(f"teaching the SQL model in the background failed (exit {code}):\n{teaching.output()[-4000:]}")
+    return teaching.folder / "taught"
 
 
 @pytest.fixture(scope="session")
@@ -182,3 +195,12 @@ def sql_rollout_app(agents_ray: None, sql_model_dir: Path) -> Iterator[dict[str,
         serve.delete(app_name)
     except Exception:  # Serve (or Ray) was already shut down by another session fixture's teardown
         pass
+
+
+if __name__ == "__main__":  # the teaching process (TEACH_IN_BACKGROUND): python -m tests.deployments.agents_conftest_helpers FOLDER
+    from agents.data.insurance_db import build_insurance_db
+    from apps.make_tiny_model import build_tiny_model
+
+    folder = Path(sys.argv[1])
+    base = build_tiny_model(folder / "base", seed=0)
+    teach_sql_tool_use(base, folder / "taught", build_insurance_db(folder / "insurance.sqlite"))
