@@ -1,4 +1,4 @@
-"""What every three-step ``apps.train`` run in the tests must leave behind (tests/apps/test_train.py, test_ray_job.py)."""
+"""What a three-step ``apps.train`` run in the tests must leave behind (tests/apps/test_train.py, test_ray_job.py)."""
 
 from __future__ import annotations
 

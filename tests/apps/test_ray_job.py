@@ -6,14 +6,13 @@ the token comes from ``RAY_AUTH_TOKEN`` so ``~/.ray`` is left alone. The job run
 the repo, which has none of the git-ignored inputs: model, data and outputs live under a separate root
 named with ``--root``, all given as relative paths. The job trains 3 batch-synchronous steps with the rollout
 replica (vLLM's CPU build, ``rollout.name: vllm``) and agent workers placed on the second node and the learner on the
-head, so every weight sync crosses nodes through the object store. One replica: a vLLM replica is three processes that
-each import vLLM (~45 CPU-s on this box); that every replica of an app switches on each publish is
-tests/deployments/test_start_adapter.py's and test_rollout_app.py's (two replicas each). (This is also the suite's one training run on
-vLLM: each run of apps.train costs 1.5-3 min of CI, and the training modes do not depend on the engine or the
-placement; the other runs use the hf engine and stream.) A config whose checkpoints would go to the driver's disk
-while train workers may run on another node is refused before anything starts:
-``test_a_node_local_checkpoint_folder_is_refused_when_train_workers_can_run_elsewhere``; that a later run on the same
-cluster starts again at policy version 0: ``test_a_dropped_registry_comes_back_at_policy_version_0``.
+head, so every weight sync crosses nodes through the object store. This is also the suite's one training run on vLLM
+(each run of apps.train costs 1.5-3 min of CI; the training modes depend on neither the engine nor the placement, and
+the other runs use the hf engine and stream). One replica: a vLLM replica is three processes that each import vLLM
+(~45 CPU-s here); that every replica of an app switches on each publish is tests/deployments/test_rollout_app.py's.
+A config whose checkpoints would go to the driver's disk while train workers may run on another node is refused
+before anything starts: ``test_a_node_local_checkpoint_folder_is_refused_when_train_workers_can_run_elsewhere``; that
+a later run on the same cluster starts again at policy version 0: ``test_a_dropped_registry_comes_back_at_policy_version_0``.
 """
 
 from __future__ import annotations

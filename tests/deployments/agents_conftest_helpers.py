@@ -149,7 +149,8 @@ def sql_model_dir(request: pytest.FixtureRequest) -> Path:
     assert teaching is not None, "tests/conftest.py starts the teaching for every session that uses sql_model_dir"
     code = teaching.wait()
     if code != 0:
-        raise RuntimeError(f"teaching the SQL model in the background failed (exit {code}):\n{teaching.output()[-4000:]}")
+        raise RuntimeError(f"teaching the SQL model in the background failed (exit {code}):\n"
+                           f"{teaching.output()[-4000:]}")
     return teaching.folder / "taught"
 
 
@@ -197,7 +198,7 @@ def sql_rollout_app(agents_ray: None, sql_model_dir: Path) -> Iterator[dict[str,
         pass
 
 
-if __name__ == "__main__":  # the teaching process (TEACH_IN_BACKGROUND): python -m tests.deployments.agents_conftest_helpers FOLDER
+if __name__ == "__main__":  # TEACH_IN_BACKGROUND: python -m tests.deployments.agents_conftest_helpers FOLDER
     from agents.data.insurance_db import build_insurance_db
     from apps.make_tiny_model import build_tiny_model
 
