@@ -16,11 +16,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 class Background:
-    """``cmd`` (given the folder it may write in) run from the repo root; ``wait`` returns its exit code."""
+    """``cmd`` (``{folder}`` in it: a folder of its own) run from the repo root; ``wait`` returns its exit code."""
 
-    def __init__(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
-        self.name = name
-        self.folder = Path(tempfile.mkdtemp(prefix=f"{name}_"))
+    def __init__(self, cmd: list[str], env: dict[str, str] | None = None) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="background_"))
         self.log = self.folder / "output.log"
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen([part.format(folder=self.folder) for part in cmd], cwd=ROOT, stdout=log,
@@ -40,9 +39,12 @@ class Background:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+# by the name of the fixture that waits for it
 STARTED = pytest.StashKey[dict[str, Background]]()
 
 
-def started(config: pytest.Config, name: str) -> Background | None:
-    """The background process ``name`` started for this session, if any."""
-    return config.stash.get(STARTED, {}).get(name)
+def started(request: pytest.FixtureRequest) -> Background:
+    """The background process started for the session for this fixture (``request.fixturename``)."""
+    job = request.config.stash.get(STARTED, {}).get(request.fixturename)
+    assert job is not None, f"tests/conftest.py starts nothing for {request.fixturename}"
+    return job

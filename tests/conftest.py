@@ -49,7 +49,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start what selected tests will wait for in the background (tests/background.py)."""
+    """Start what selected tests' fixtures will wait for in the background (tests/background.py)."""
     from tests.background import STARTED, Background
 
     wanted = {name for item in session.items for name in getattr(item, "fixturenames", ())}
@@ -57,11 +57,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if "sql_model_dir" in wanted:
         from tests.deployments.agents_conftest_helpers import TEACH_IN_BACKGROUND
 
-        jobs["sql_model"] = Background("sql_model", TEACH_IN_BACKGROUND, env={"OMP_NUM_THREADS": "1"})
+        jobs["sql_model_dir"] = Background(TEACH_IN_BACKGROUND, env={"OMP_NUM_THREADS": "1"})
     if "vllm_extra_resolution" in wanted:
         from tests.test_gpu_extra_resolves import RESOLVE
 
-        jobs["pip_resolve"] = Background("pip_resolve", RESOLVE)
+        jobs["vllm_extra_resolution"] = Background(RESOLVE)
     session.config.stash[STARTED] = jobs
 
 

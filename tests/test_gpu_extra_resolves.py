@@ -28,8 +28,7 @@ RESOLVE = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-instal
 @pytest.fixture
 def vllm_extra_resolution(request) -> tuple[int, str, Path]:
     """pip's exit code, output and report, from the background process started when the session was collected."""
-    job = started(request.config, "pip_resolve")
-    assert job is not None, "tests/conftest.py starts the resolution for every session that uses this fixture"
+    job = started(request)
     return job.wait(600), job.output(), job.folder / "report.json"
 
 

@@ -145,8 +145,7 @@ TEACH_IN_BACKGROUND = [sys.executable, "-m", "tests.deployments.agents_conftest_
 @pytest.fixture(scope="session")
 def sql_model_dir(request: pytest.FixtureRequest) -> Path:
     """The tiny model taught SQL tool use, by the background process started when the session was collected."""
-    teaching = started(request.config, "sql_model")
-    assert teaching is not None, "tests/conftest.py starts the teaching for every session that uses sql_model_dir"
+    teaching = started(request)
     code = teaching.wait()
     if code != 0:
         raise RuntimeError(f"teaching the SQL model in the background failed (exit {code}):\n"
