@@ -246,30 +246,38 @@ class PrefixCache:
             self._items.append(best)
         return best
 
-    def remember(self, prompt: Sequence[int], cache: DynamicCache, row: int) -> None:
+    def longest(self, prompt: Sequence[int]) -> int:
+        """Length of the longest stored prefix ``prompt`` starts with that leaves it a token to forward (0: none);
+        unlike ``lookup`` it does not count as a use."""
+        if not self.enabled:
+            return 0
+        return max((len(item.tokens) for item in self._items
+                    if len(item.tokens) < len(prompt) and tuple(prompt[:len(item.tokens)]) == item.tokens), default=0)
+
+    def remember(self, prompt: Sequence[int], cache: DynamicCache, row: int, offset: int = 0) -> None:
         """Store the prefix ``prompt`` shares with the previously remembered prompt, cut from ``cache`` row ``row``
-        (whose first ``len(prompt)`` positions hold ``prompt``'s keys and values)."""
+        (whose ``len(prompt)`` positions from ``offset`` on hold ``prompt``'s keys and values)."""
         if not self.enabled:
             return
         tokens = tuple(prompt)
         previous, self._last = self._last, tokens
         common = common_prefix([tokens, previous])
         if common >= self.min_tokens:
-            self.store(tokens[:common], cache, row)
+            self.store(tokens[:common], cache, row, offset)
 
     def covers(self, prefix: Sequence[int]) -> bool:
         """Whether a stored prefix at least as long as ``prefix`` starts with it."""
         n = len(prefix)
         return any(len(item.tokens) >= n and item.tokens[:n] == tuple(prefix) for item in self._items)
 
-    def store(self, tokens: Sequence[int], cache: DynamicCache, row: int) -> None:
-        """Keep ``tokens``' keys and values: the first ``len(tokens)`` positions of ``cache`` row ``row``."""
+    def store(self, tokens: Sequence[int], cache: DynamicCache, row: int, offset: int = 0) -> None:
+        """Keep ``tokens``' keys and values: ``len(tokens)`` positions of ``cache`` row ``row`` from ``offset`` on."""
         tokens = tuple(tokens)
         if not self.enabled or any(item.tokens == tokens for item in self._items):
             return
-        n = len(tokens)
-        keys = [layer.keys[row: row + 1, :, :n].clone() for layer in cache.layers]
-        values = [layer.values[row: row + 1, :, :n].clone() for layer in cache.layers]
+        end = offset + len(tokens)
+        keys = [layer.keys[row: row + 1, :, offset:end].clone() for layer in cache.layers]
+        values = [layer.values[row: row + 1, :, offset:end].clone() for layer in cache.layers]
         self._items.append(_Prefix(tokens, keys, values))
         if len(self._items) > self.entries:
             self._items.pop(0)
@@ -292,3 +300,27 @@ def cache_from_prefix(config, prefix: _Prefix, rows: int) -> DynamicCache:
         layer.keys = k.expand(rows, -1, -1, -1)
         layer.values = v.expand(rows, -1, -1, -1)
     return cache
+
+
+
+def right_align(config, padded: DynamicCache, start: int, lengths: Sequence[int]) -> tuple[DynamicCache, torch.Tensor]:
+    """Rows of a padded prefill's cache (``start`` prefix positions, left padding, then each row's ``lengths[i]``
+    positions; all rows ``start + max(lengths)`` wide) moved so each row's prefix and own positions are contiguous
+    and right-aligned, the padding left of them as zeros (the layout ``merge_batches`` keeps and ``PrefixCache``
+    cuts from). Returns the growing cache [u, H, W, D] per layer and its attention mask [u, W]."""
+    width = start + max(lengths)
+    index = torch.full((len(lengths), width), width)  # [u, W]; ``width`` is an extra all-zero position
+    for row, n in enumerate(lengths):
+        index[row, width - n - start: width - n] = torch.arange(start)
+        index[row, width - n:] = torch.arange(width - n, width)
+    cache = growing_cache(config)
+    cache.layers = [GrowingLayer() for _ in padded.layers]
+    for layer, source in zip(cache.layers, padded.layers):
+        rows = []
+        for tensor in (source.keys, source.values):  # [u, H, W, D]
+            extended = torch.cat([tensor, tensor.new_zeros(*tensor.shape[:2], 1, tensor.shape[3])], dim=2)
+            gather = index.to(tensor.device)[:, None, :, None].expand(-1, tensor.shape[1], -1, tensor.shape[3])
+            rows.append(torch.gather(extended, 2, gather))  # [u, H, W, D]
+        layer.lazy_initialization(*rows)
+        layer.keys, layer.values = rows
+    return cache, (index != width).long()

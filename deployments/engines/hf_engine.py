@@ -9,10 +9,15 @@ So this engine batches at the step level itself (sampling and cache bookkeeping:
 
 - One asyncio task owns the running batch; every model call runs in a worker thread
   (``asyncio.to_thread``) so the event loop stays responsive.
-- Between decode steps it admits waiting requests. Admitted prompts are prefilled in groups of equal
-  length (no padding, so a prompt's prefill is exactly the unbatched forward), then merged into the
-  running batch's ``DynamicCache``: rows are right-aligned, shorter rows left-padded with zero keys and
-  values that the attention mask hides. Finished rows are dropped and all-padding columns trimmed.
+- Between decode steps it admits waiting requests. Admitted prompts are prefilled together, one forward
+  per stored prefix they start with (below; at most ``PREFILL_TOKENS`` tokens a forward): prompts of equal
+  length as they are, others left-padded to the longest with the padding masked, so each row's outputs
+  are its solo forward's up to float rounding. Agent turns arrive a few at a time with every length, and
+  a forward's fixed cost dominates on small models: grouping by equal length took 3x the forwards
+  (``benchmarks/rollout_async.py``: 882 vs 288 prefill forwards in the async run). The new rows are then
+  merged into the running batch's ``DynamicCache``: rows are right-aligned, shorter rows left-padded with
+  zero keys and values that the attention mask hides. Finished rows are dropped and all-padding columns
+  trimmed.
 - Identical prompts admitted together (a GRPO group's n samples of one prompt) are prefilled once: that
   row's KV cache and last logits are copied to the others, which then sample their own first token.
   The forward of the distinct prompts is the same unpadded forward, so outputs do not change
@@ -54,10 +59,13 @@ from agents.records import AdapterRef, SamplingParams
 from deployments.engines.base import EngineOutput, PromptTooLong
 from deployments.engines.hf_attention import ATTENTION
 from deployments.engines.hf_batch import (PrefixCache, RequestState, RunningBatch, cache_from_prefix, common_prefix,
-                                          growing_cache, keep_rows, merge_batches, repeat_rows, sample_next)
+                                          growing_cache, keep_rows, merge_batches, repeat_rows,
+                                          right_align, sample_next)
 
 DType = Literal["float32", "bfloat16", "float16"]
 SwapMode = Literal["drain", "interrupt"]
+# Most tokens one prefill forward computes, padding included (vLLM's ``max_num_batched_tokens`` plays this part).
+PREFILL_TOKENS = 4096
 DTYPES: dict[DType, torch.dtype] = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
@@ -296,10 +304,8 @@ class HFEngine:
             parts.append(batch)
         clock = self._lap("decode_s", clock)
         self._warm_prefix([r.prompt_ids for r in admitted])
-        by_length: dict[int, list[RequestState]] = {}
-        for request in admitted:
-            by_length.setdefault(len(request.prompt_ids), []).append(request)
-        parts.extend(self._prefill(group) for group in by_length.values())
+        for group in self._groups([r.prompt_ids for r in admitted]):
+            parts.append(self._prefill([admitted[i] for i in group]))
         clock = self._lap("prefill_s", clock)
         if not parts:
             return None, []
@@ -340,6 +346,69 @@ class HFEngine:
                 row_of[sequence] = len(distinct)
                 distinct.append(i)
         return distinct, [row_of[tuple(sequence)] for sequence in sequences]
+
+    def _groups(self, sequences: list[list[int]]) -> list[list[int]]:
+        """Which sequences to prefill together (indices): those that start with the same stored prefix (the longest
+        each starts with), shortest first, in batches of at most ``PREFILL_TOKENS`` tokens after that prefix
+        counting the padding to the longest (duplicates are forwarded once, so they do not count)."""
+        by_prefix: dict[int, list[int]] = {}
+        for i, sequence in enumerate(sequences):
+            by_prefix.setdefault(self._prefixes.longest(sequence), []).append(i)
+        groups = []
+        for start, members in by_prefix.items():
+            group: list[int] = []
+            distinct: set[tuple[int, ...]] = set()
+            for i in sorted(members, key=lambda i: len(sequences[i])):
+                key = tuple(sequences[i])
+                rows = len(distinct | {key})
+                if group and rows * (len(key) - start) > PREFILL_TOKENS:
+                    groups.append(group)
+                    group, distinct = [], set()
+                group.append(i)
+                distinct.add(key)
+            groups.append(group)
+        return groups
+
+    def _forward(self, sequences: list[list[int]]) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, int, int]:
+        """One forward of ``sequences``: batched as they are when of equal length, else left-padded."""
+        if len({len(s) for s in sequences}) == 1:
+            return self._forward_unpadded(sequences)
+        return self._forward_padded(sequences)
+
+    def _forward_padded(
+        self, sequences: list[list[int]]
+    ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, int, int]:
+        """Forward sequences of different lengths in one batch, each left-padded to the longest after a stored
+        prefix they all start with; the mask hides the padding, so each row's keys, values and logits are those of
+        its solo forward up to float rounding (other matmul shapes). Returns what ``_forward_unpadded`` returns.
+        """
+        distinct, rows = self._distinct_rows(sequences)
+        unique = [sequences[i] for i in distinct]
+        prefix = self._prefixes.lookup(unique)
+        start = 0 if prefix is None else len(prefix.tokens)
+        if prefix is None:
+            padded = growing_cache(self._model.config)
+        else:
+            padded = cache_from_prefix(self._model.config, prefix, len(unique))
+        lengths = [len(s) - start for s in unique]
+        longest = max(lengths)
+        input_ids = torch.tensor([[0] * (longest - len(s) + start) + s[start:] for s in unique])  # [u, L]
+        mask = torch.tensor([[1] * start + [0] * (longest - n) + [1] * n for n in lengths])  # [u, start + L]
+        positions = (torch.arange(longest) - torch.tensor([longest - n for n in lengths]).unsqueeze(1)).clamp(min=0)
+        out = self._model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
+                          position_ids=(positions + start).to(self.device), past_key_values=padded, use_cache=True,
+                          logits_to_keep=1)
+        cache, row_mask = right_align(self._model.config, padded, start, lengths)
+        width = row_mask.shape[1]
+        for row, sequence in enumerate(unique):
+            self._prefixes.remember(sequence, cache, row, offset=width - len(sequence))
+        logits = out.logits[:, -1]  # [u, V]
+        if len(distinct) < len(sequences):
+            index = torch.tensor(rows)  # [b] distinct row of each sequence
+            repeat_rows(cache, index)
+            logits = logits[index.to(logits.device)]  # [b, V]
+            row_mask = row_mask[index]
+        return cache, row_mask, logits, sum(lengths), start * len(unique)
 
     def _forward_unpadded(
         self, sequences: list[list[int]]
@@ -393,12 +462,12 @@ class HFEngine:
         self._stats["prefill_tokens"] += shared
 
     def _prefill(self, group: list[RequestState]) -> RunningBatch:
-        """Prompts of equal length, prefilled together; samples each one's first token."""
-        cache, mask, logits, computed, reused = self._forward_unpadded([r.prompt_ids for r in group])
+        """Prompts prefilled in one forward; samples each one's first token."""
+        cache, mask, logits, computed, reused = self._forward([r.prompt_ids for r in group])
         self._stats["prefill_forwards"] += 1
         self._stats["prefill_tokens"] += computed
         self._stats["prefill_tokens_cached"] += reused
-        self._stats["prefill_tokens_shared"] += mask.numel() - computed - reused
+        self._stats["prefill_tokens_shared"] += int(mask.sum()) - computed - reused
         return RunningBatch(group, cache, mask, self._append(group, logits))
 
     @torch.inference_mode()
@@ -406,16 +475,16 @@ class HFEngine:
         """Rebuild the running rows' KV cache with the current weights (after an interrupting swap).
 
         A row's cache holds its prompt and every sampled token but the last, which ``next_ids`` feeds to
-        the next decode step; rows are regrouped by that length and prefilled without padding.
+        the next decode step; rows are prefilled again, grouped as admitted prompts are.
         """
-        by_length: dict[int, list[RequestState]] = {}
-        for request in batch.requests:
-            if request.finish_reason is None and not request.future.done():
-                request.policy_version = min(request.policy_version, self.version)
-                by_length.setdefault(len(request.prompt_ids) + len(request.token_ids) - 1, []).append(request)
+        running = [r for r in batch.requests if r.finish_reason is None and not r.future.done()]
+        for request in running:
+            request.policy_version = min(request.policy_version, self.version)
+        sequences = [r.prompt_ids + r.token_ids[:-1] for r in running]
         parts = []
-        for group in by_length.values():
-            cache, mask, _, computed, _ = self._forward_unpadded([r.prompt_ids + r.token_ids[:-1] for r in group])
+        for indices in self._groups(sequences):
+            group = [running[i] for i in indices]
+            cache, mask, _, computed, _ = self._forward([sequences[i] for i in indices])
             parts.append(RunningBatch(group, cache, mask, torch.tensor([r.token_ids[-1] for r in group])))
             self._stats["interrupted_rows"] += len(group)
             self._stats["recomputed_tokens"] += computed

@@ -1,4 +1,5 @@
-"""Copying a prefilled cache row to the requests that share its prompt (``hf_batch.repeat_rows``)."""
+"""Cache rows of ``HFEngine``: copying a prefilled row to the requests sharing its prompt (``repeat_rows``), the mask
+and the row split of a packed prefill (``packed_mask``, ``unpack_rows``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from deployments.engines.hf_batch import GrowingLayer, repeat_rows
+from deployments.engines.hf_batch import GrowingLayer, repeat_rows, right_align
 
 pytestmark = pytest.mark.unit
 
@@ -30,3 +31,19 @@ def test_repeated_rows_own_their_memory_and_grow_apart(layer: type) -> None:
     assert values[:, 0, :, 0].tolist() == [[-1, -1, -1, 0], [-2, -2, -2, -1], [-1, -1, -1, -2], [-1, -1, -1, -3]]
     keys[0, 0, 0, 0] = 9.0  # writing one row's prefix does not change its copies
     assert cache.layers[0].keys[:, 0, 0, 0].tolist() == [9, 2, 1, 1]
+
+
+
+def test_right_aligned_rows_keep_the_prefix_and_their_own_positions_together() -> None:
+    padded = DynamicCache()
+    padded.layers = [GrowingLayer()]
+    # 2 prefix positions, then row 0 has 3 own positions and row 1 has 1 (left-padded by 2): value = position + 1,
+    # padding marked 99
+    keys = torch.tensor([[1.0, 2, 3, 4, 5], [1, 2, 99, 99, 5]]).reshape(2, 1, 5, 1)  # [u=2, H=1, W=5, D=1]
+    padded.update(keys, -keys, 0)
+    cache, mask = right_align(None, padded, 2, [3, 1])
+    assert cache.layers[0].keys[:, 0, :, 0].tolist() == [[1, 2, 3, 4, 5], [0, 0, 1, 2, 5]]
+    assert cache.layers[0].values[:, 0, :, 0].tolist() == [[-1, -2, -3, -4, -5], [0, 0, -1, -2, -5]]
+    assert mask.tolist() == [[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]]
+    step = torch.full((2, 1, 1, 1), 7.0)  # the new cache grows like any other
+    assert cache.layers[0].update(step, -step)[0][:, 0, :, 0].tolist() == [[1, 2, 3, 4, 5, 7], [0, 0, 1, 2, 5, 7]]
