@@ -370,80 +370,42 @@ class HFEngine:
         return groups
 
     def _forward(self, sequences: list[list[int]]) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, int, int]:
-        """One forward of ``sequences``: batched as they are when of equal length, else left-padded."""
-        if len({len(s) for s in sequences}) == 1:
-            return self._forward_unpadded(sequences)
-        return self._forward_padded(sequences)
-
-    def _forward_padded(
-        self, sequences: list[list[int]]
-    ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, int, int]:
-        """Forward sequences of different lengths in one batch, each left-padded to the longest after a stored
-        prefix they all start with; the mask hides the padding, so each row's keys, values and logits are those of
-        its solo forward up to float rounding (other matmul shapes). Returns what ``_forward_unpadded`` returns.
+        """Forward ``sequences`` in one batch. Each distinct sequence is forwarded once (duplicates get copies of its
+        cache row and logits), and a stored prefix they all start with is not forwarded again. Sequences of equal
+        length go as they are, so each row equals its solo forward; others are left-padded to the longest after the
+        prefix, with the padding masked (a row's outputs are its solo forward's up to float rounding), and their
+        rows come back right-aligned. Returns the cache, its attention mask [b, W], the logits of the last position
+        [b, V], the number of tokens forwarded (padding not counted) and of tokens taken from a prefix.
         """
         distinct, rows = self._distinct_rows(sequences)
         unique = [sequences[i] for i in distinct]
-        prefix = self._prefixes.lookup(unique)
-        start = 0 if prefix is None else len(prefix.tokens)
-        if prefix is None:
-            padded = growing_cache(self._model.config)
-        else:
-            padded = cache_from_prefix(self._model.config, prefix, len(unique))
-        lengths = [len(s) - start for s in unique]
-        longest = max(lengths)
-        input_ids = torch.tensor([[0] * (longest - len(s) + start) + s[start:] for s in unique])  # [u, L]
-        mask = torch.tensor([[1] * start + [0] * (longest - n) + [1] * n for n in lengths])  # [u, start + L]
-        positions = (torch.arange(longest) - torch.tensor([longest - n for n in lengths]).unsqueeze(1)).clamp(min=0)
-        out = self._model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
-                          position_ids=(positions + start).to(self.device), past_key_values=padded, use_cache=True,
-                          logits_to_keep=1)
-        cache, row_mask = right_align(self._model.config, padded, start, lengths)
-        width = row_mask.shape[1]
-        for row, sequence in enumerate(unique):
-            self._prefixes.remember(sequence, cache, row, offset=width - len(sequence))
-        logits = out.logits[:, -1]  # [u, V]
-        if len(distinct) < len(sequences):
-            index = torch.tensor(rows)  # [b] distinct row of each sequence
-            repeat_rows(cache, index)
-            logits = logits[index.to(logits.device)]  # [b, V]
-            row_mask = row_mask[index]
-        return cache, row_mask, logits, sum(lengths), start * len(unique)
-
-    def _forward_unpadded(
-        self, sequences: list[list[int]]
-    ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, int, int]:
-        """Forward sequences of equal length together; no padding, so each row equals its solo forward.
-
-        Each distinct sequence is forwarded once; duplicates get copies of its cache row and logits; a stored
-        prefix they all start with is not forwarded again. Returns the cache, its attention mask [b, L], the
-        logits of the last position [b, V], the number of tokens forwarded and of tokens taken from a prefix.
-        """
-        distinct, rows = self._distinct_rows(sequences)
-        unique = [sequences[i] for i in distinct]
-        length = len(unique[0])
         prefix = self._prefixes.lookup(unique)
         start = 0 if prefix is None else len(prefix.tokens)
         if prefix is None:
             cache = growing_cache(self._model.config)
         else:
             cache = cache_from_prefix(self._model.config, prefix, len(unique))
-        input_ids = torch.tensor([s[start:] for s in unique], device=self.device)  # [u, L - start]
+        lengths = [len(s) - start for s in unique]
+        pads = [max(lengths) - n for n in lengths]
+        input_ids = torch.tensor([[0] * pad + s[start:] for pad, s in zip(pads, unique)])  # [u, L]
+        mask = torch.tensor([[1] * start + [0] * pad + [1] * n for pad, n in zip(pads, lengths)])  # [u, start + L]
         extra = {}
-        if start:  # the cached prefix holds positions 0..start-1
-            extra["position_ids"] = torch.arange(start, length, device=self.device).expand(len(unique), -1)
-        out = self._model(input_ids=input_ids, attention_mask=torch.ones(len(unique), length, dtype=torch.long,
-                                                                         device=self.device),
+        if start or any(pads):  # positions count each row's own tokens, after the cached prefix's 0..start-1
+            positions = (torch.arange(max(lengths)) - torch.tensor(pads).unsqueeze(1)).clamp(min=0)  # [u, L]
+            extra["position_ids"] = (positions + start).to(self.device)
+        out = self._model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
                           past_key_values=cache, use_cache=True, logits_to_keep=1, **extra)
+        if any(pads):
+            cache, mask = right_align(self._model.config, cache, start, lengths)
         for row, sequence in enumerate(unique):
-            self._prefixes.remember(sequence, cache, row)
+            self._prefixes.remember(sequence, cache, row, offset=mask.shape[1] - len(sequence))
         logits = out.logits[:, -1]  # [u, V]
         if len(distinct) < len(sequences):
             index = torch.tensor(rows)  # [b] distinct row of each sequence
             repeat_rows(cache, index)
             logits = logits[index.to(logits.device)]  # [b, V]
-        mask = torch.ones(len(sequences), length, dtype=torch.long)  # [b, L]
-        return cache, mask, logits, input_ids.numel(), start * len(unique)
+            mask = mask[index]
+        return cache, mask, logits, sum(lengths), start * len(unique)
 
     def _warm_prefix(self, prompts: list[list[int]]) -> None:
         """Prompts admitted together that share a prefix (a burst of agent prompts after one system prompt): forward
