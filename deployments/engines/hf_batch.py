@@ -4,7 +4,8 @@ Pure tensor code, no event loop: ``sample_next`` samples one token per row with 
 settings and generator; ``merge_batches`` / ``keep_rows`` add and drop rows of a running batch whose
 rows are right-aligned in one ``DynamicCache`` (shorter rows left-padded with zeros the mask hides);
 ``GrowingLayer`` is that cache's layer, appending a decode step's keys and values in place;
-``repeat_rows`` copies a prefilled row to the requests that share its prompt.
+``repeat_rows`` copies a prefilled row to the requests that share its prompt; ``right_align`` moves the
+rows of a prefill of left-padded prompts into that layout.
 """
 
 from __future__ import annotations
@@ -300,7 +301,6 @@ def cache_from_prefix(config, prefix: _Prefix, rows: int) -> DynamicCache:
         layer.keys = k.expand(rows, -1, -1, -1)
         layer.values = v.expand(rows, -1, -1, -1)
     return cache
-
 
 
 def right_align(config, padded: DynamicCache, start: int, lengths: Sequence[int]) -> tuple[DynamicCache, torch.Tensor]:
