@@ -405,7 +405,7 @@ def test_interrupting_swap_continues_running_requests_with_the_new_adapter(tiny_
     assert partial.token_ids != base_only.token_ids
 
 
-def test_interrupting_swap_recomputes_rows_of_different_lengths_together(tiny_model_dir: Path, adapter_dirs) -> None:
+def test_an_interrupting_swap_continues_rows_of_different_lengths_with_the_new_adapter(tiny_model_dir: Path, adapter_dirs) -> None:
     long_run = SamplingParams(temperature=0.0, max_new_tokens=40)
     v1 = AdapterRef(version=1, path=str(adapter_dirs[1]))
     prompts = [PROMPTS[0], PROMPTS[5]]  # 3 and 8 tokens
