@@ -232,28 +232,28 @@ class PrefixCache:
     def clear(self) -> None:
         self._items, self._last = [], ()
 
-    def lookup(self, prompts: Sequence[Sequence[int]]) -> _Prefix | None:
-        if not self.enabled:
-            return None
+    def _match(self, prompts: Sequence[Sequence[int]]) -> _Prefix | None:
+        """The longest stored prefix that starts every prompt and leaves each at least one token to forward."""
         shortest = min(len(p) for p in prompts)
         best = None
-        for item in self._items:
+        for item in self._items if self.enabled else ():
             n = len(item.tokens)
             if n < shortest and (best is None or n > len(best.tokens)) and all(
                     tuple(p[:n]) == item.tokens for p in prompts):
                 best = item
+        return best
+
+    def lookup(self, prompts: Sequence[Sequence[int]]) -> _Prefix | None:
+        best = self._match(prompts)
         if best is not None:  # most recently used last
             self._items.remove(best)
             self._items.append(best)
         return best
 
     def longest(self, prompt: Sequence[int]) -> int:
-        """Length of the longest stored prefix ``prompt`` starts with that leaves it a token to forward (0: none);
-        unlike ``lookup`` it does not count as a use."""
-        if not self.enabled:
-            return 0
-        return max((len(item.tokens) for item in self._items
-                    if len(item.tokens) < len(prompt) and tuple(prompt[:len(item.tokens)]) == item.tokens), default=0)
+        """Length of the prefix ``lookup([prompt])`` would return (0: none), without counting it as a use."""
+        best = self._match([prompt])
+        return 0 if best is None else len(best.tokens)
 
     def remember(self, prompt: Sequence[int], cache: DynamicCache, row: int, offset: int = 0) -> None:
         """Store the prefix ``prompt`` shares with the previously remembered prompt, cut from ``cache`` row ``row``

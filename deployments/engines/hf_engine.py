@@ -360,7 +360,7 @@ class HFEngine:
             distinct: set[tuple[int, ...]] = set()
             for i in sorted(members, key=lambda i: len(sequences[i])):
                 key = tuple(sequences[i])
-                rows = len(distinct | {key})
+                rows = len(distinct) + (key not in distinct)
                 if group and rows * (len(key) - start) > PREFILL_TOKENS:
                     groups.append(group)
                     group, distinct = [], set()

@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from agents.records import AdapterRef, SamplingParams
 from deployments.engines.base import EngineOutput, PromptTooLong
+from deployments.engines import hf_engine
 from deployments.engines.hf_engine import HFEngine
 
 pytestmark = pytest.mark.integration
@@ -252,6 +253,23 @@ def test_prompts_of_different_lengths_are_prefilled_in_one_padded_forward(tiny_m
         assert out.token_ids == solo.token_ids
         assert out.logprobs == pytest.approx(solo.logprobs, abs=1e-5)
         assert out.logprobs == pytest.approx(_hf_logprobs(reference, prompt, out.token_ids), abs=1e-4)
+
+
+def test_a_prefill_larger_than_its_token_budget_is_split_and_generates_the_same(tiny_model_dir: Path, monkeypatch) -> None:
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=6, seed=4)
+
+    async def body(engine: HFEngine):
+        outs = await _generate_all(engine, PROMPTS, sampling, "budget")
+        return outs, engine.stats
+
+    whole, whole_stats = run(_with_engine(tiny_model_dir, body, eos_token_ids=()))
+    monkeypatch.setattr(hf_engine, "PREFILL_TOKENS", 12)  # lengths 3..8 padded: [3, 4] (8), [5, 6] (12), [7], [8]
+    split, split_stats = run(_with_engine(tiny_model_dir, body, eos_token_ids=()))
+    assert (whole_stats["prefill_forwards"], split_stats["prefill_forwards"]) == (1, 4)
+    assert split_stats["prefill_tokens"] == whole_stats["prefill_tokens"] == sum(len(p) for p in PROMPTS)
+    assert [o.token_ids for o in split] == [o.token_ids for o in whole]
+    for out, ref in zip(split, whole):
+        assert out.logprobs == pytest.approx(ref.logprobs, abs=1e-5)
 
 
 def test_a_prefix_cut_from_a_left_padded_row_is_the_prompts_own(tiny_model_dir: Path) -> None:
