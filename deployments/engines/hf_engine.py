@@ -9,25 +9,28 @@ So this engine batches at the step level itself (sampling and cache bookkeeping:
 
 - One asyncio task owns the running batch; every model call runs in a worker thread
   (``asyncio.to_thread``) so the event loop stays responsive.
-- Between decode steps it admits waiting requests. Admitted prompts are prefilled together, one forward
-  per stored prefix they start with (below; at most ``PREFILL_TOKENS`` tokens a forward): prompts of equal
-  length as they are, others left-padded to the longest with the padding masked, so each row's outputs
-  are its solo forward's up to float rounding. Agent turns arrive a few at a time with every length, and
-  a forward's fixed cost dominates on small models: grouping by equal length took 3x the forwards
-  (``benchmarks/rollout_async.py``: 882 vs 288 prefill forwards in the async run). The new rows are then
-  merged into the running batch's ``DynamicCache``: rows are right-aligned, shorter rows left-padded with
-  zero keys and values that the attention mask hides. Finished rows are dropped and all-padding columns
-  trimmed.
+- Between decode steps it admits waiting requests. Admitted prompts are prefilled together, each after the
+  longest stored sequence it starts with (below), at most ``PREFILL_TOKENS`` tokens a forward: rows with different
+  stored prefixes go in one batch (each row's prefix right-aligned, left-padded with zeros the mask hides), the
+  tokens after them left-padded to the longest, so each row's outputs are its solo forward's up to float rounding.
+  Agent turns arrive a few at a time with every length, and a forward's fixed cost dominates on small models:
+  grouping by equal length took 3x the forwards (``benchmarks/rollout_async.py``: 882 vs 288 prefill forwards in
+  the async run). The new rows are then merged into the running batch's ``DynamicCache``: rows are right-aligned,
+  shorter rows left-padded with zero keys and values that the attention mask hides. Finished rows are dropped and
+  all-padding columns trimmed.
 - Identical prompts admitted together (a GRPO group's n samples of one prompt) are prefilled once: that
   row's KV cache and last logits are copied to the others, which then sample their own first token.
   The forward of the distinct prompts is the same unpadded forward, so outputs do not change
   (``stats``: ``prefill_tokens`` computed, ``prefill_tokens_shared`` copied instead).
-- Prompts that start with a recently seen prefix (an agent's system prompt with its tool schemas, ~200 tokens
-  of every demo prompt; a multi-turn episode's earlier turns) reuse its keys and values: ``PrefixCache`` cuts
-  the common prefix of consecutive prompts out of a prefill's own cache (no extra forward), and a later
-  prefill forwards only the rest (``stats``: ``prefill_tokens_cached``). Cleared on every adapter change.
-  The rest is forwarded against cached keys instead of the whole prompt at once, so log-probs may differ
-  from the one-pass forward in the last float bits (``prefix_cache_min_tokens=0`` turns it off).
+- Prompts that start with a stored sequence reuse its keys and values (``PrefixCache``, vLLM's automatic prefix
+  caching in spirit): the common prefix of consecutive prompts (an agent's system prompt with its tool schemas,
+  ~200 tokens of every demo prompt) is cut out of a prefill's own cache (no extra forward), and when a request
+  finishes its row's whole sequence is kept, so an episode's next turn (that sequence, the tool's answer and the
+  chat template's glue) forwards only the new tokens (``stats``: ``prefill_tokens_cached``). A multi-turn agent
+  benchmark forwards 31k instead of 132k prompt tokens (``benchmarks/rollout_async.py``). Bounded by
+  ``prefix_cache_mib`` of keys and values, least recently used out; cleared on every adapter change. The rest is
+  forwarded against cached keys instead of the whole prompt at once, so log-probs may differ from the one-pass
+  forward in the last float bits (``prefix_cache_min_tokens=0`` turns it off).
 - Each row samples with its own temperature / top-k / top-p and its own ``torch.Generator`` (seeded
   from ``SamplingParams.seed``), so a seeded request is reproducible whatever it is batched with.
 - Log-probs are those of the sampled tokens under the raw model distribution (``log_softmax`` of the
@@ -58,8 +61,8 @@ from transformers.cache_utils import DynamicLayer
 from agents.records import AdapterRef, SamplingParams
 from deployments.engines.base import EngineOutput, PromptTooLong
 from deployments.engines.hf_attention import ATTENTION
-from deployments.engines.hf_batch import (PrefixCache, RequestState, RunningBatch, cache_from_prefix, common_prefix,
-                                          growing_cache, keep_rows, merge_batches, repeat_rows,
+from deployments.engines.hf_batch import (PrefixCache, RequestState, RunningBatch, cache_from_prefixes,
+                                          common_prefix, growing_cache, keep_rows, merge_batches, repeat_rows,
                                           right_align, sample_next)
 
 DType = Literal["float32", "bfloat16", "float16"]
@@ -81,7 +84,9 @@ class HFEngine:
     threads (None keeps the process setting, which Ray derives from the replica's ``num_cpus``: more
     threads than free cores makes batched matmuls wait on descheduled threads); ``swap`` is how
     ``load_adapter`` treats running requests (see the module docstring); the default attention is
-    ``sdpa`` without copying the KV cache for grouped-query heads (``hf_attention``).
+    ``sdpa`` without copying the KV cache for grouped-query heads (``hf_attention``); sequences of at least
+    ``prefix_cache_min_tokens`` tokens are kept for reuse, up to ``prefix_cache_mib`` MiB of keys and values
+    (0 turns either off; see the module docstring).
     """
 
     def __init__(
@@ -97,10 +102,12 @@ class HFEngine:
         attn_implementation: str = ATTENTION,
         swap: SwapMode = "drain",
         prefix_cache_min_tokens: int = 32,
-        prefix_cache_entries: int = 4,
+        prefix_cache_mib: float = 512,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"HFEngine({model_path!r}): max_batch_size must be >= 1, got {max_batch_size}")
+        if prefix_cache_mib < 0:
+            raise ValueError(f"HFEngine({model_path!r}): prefix_cache_mib must be >= 0, got {prefix_cache_mib}")
         if swap not in get_args(SwapMode):
             raise ValueError(f"HFEngine({model_path!r}): swap must be one of {get_args(SwapMode)}, got {swap!r}")
         self.swap = swap
@@ -127,10 +134,11 @@ class HFEngine:
         self._batch: RunningBatch | None = None
         self._wake: asyncio.Event | None = None
         self._loop_task: asyncio.Task | None = None
-        self._prefixes = PrefixCache(prefix_cache_min_tokens, prefix_cache_entries)
+        self._prefixes = PrefixCache(prefix_cache_min_tokens, int(prefix_cache_mib * 2**20))
         self._stats = {"steps": 0, "decode_rows": 0, "max_batch_size": 0, "prefill_tokens": 0,
                        "prefill_tokens_shared": 0, "prefill_tokens_cached": 0, "generated_tokens": 0,
-                       "interrupted_rows": 0, "recomputed_tokens": 0, "prefill_forwards": 0}
+                       "interrupted_rows": 0, "recomputed_tokens": 0, "prefill_forwards": 0,
+                       "prefill_padding": 0, "decode_padding": 0}
         # seconds in the worker thread, by phase: decode forwards, prefills (and prefix warming), cache merges
         self._seconds = {"decode_s": 0.0, "prefill_s": 0.0, "merge_s": 0.0}
 
@@ -148,7 +156,8 @@ class HFEngine:
     def stats(self) -> dict[str, int]:
         """Counters: steps, decode_rows (sum of batch sizes), max_batch_size, prefill tokens computed, shared
         (copied from an identical prompt's row) and cached (a stored prefix's keys and values reused), generated
-        tokens, interrupted/recomputed, prefill forwards; and seconds by phase (decode, prefill, merge)."""
+        tokens, interrupted/recomputed, prefill forwards, padding forwarded by prefills (tokens) and attended over by
+        decode steps (cache positions summed over rows and steps); and seconds by phase (decode, prefill, merge)."""
         return {**self._stats, **{k: round(v, 3) for k, v in self._seconds.items()}}
 
     # ------------------------------------------------------------------ public API (event loop)
@@ -304,14 +313,21 @@ class HFEngine:
             parts.append(batch)
         clock = self._lap("decode_s", clock)
         self._warm_prefix([r.prompt_ids for r in admitted])
-        for group in self._groups([r.prompt_ids for r in admitted]):
-            parts.append(self._prefill([admitted[i] for i in group]))
+        groups, prefixes = self._groups([r.prompt_ids for r in admitted])
+        for group in groups:
+            parts.append(self._prefill([admitted[i] for i in group], [prefixes[i] for i in group]))
         clock = self._lap("prefill_s", clock)
         if not parts:
             return None, []
         merged = merge_batches(parts)
-        self._lap("merge_s", clock)
         finished = [r for r in merged.requests if r.finish_reason is not None]
+        if finished and self._prefixes.enabled:  # the next turn of an episode starts with a finished sequence
+            width = merged.attention_mask.shape[1]
+            for row, request in enumerate(merged.requests):
+                if request.finish_reason in ("stop", "length"):
+                    tokens = request.prompt_ids + request.token_ids[:-1]  # the last token was never forwarded
+                    self._prefixes.store_finished(tokens, merged.cache, row, width - len(tokens))
+        self._lap("merge_s", clock)
         alive = [i for i, r in enumerate(merged.requests) if r.finish_reason is None]
         return keep_rows(merged, alive), finished
 
@@ -333,6 +349,7 @@ class HFEngine:
         batch.attention_mask = mask
         self._stats["steps"] += 1
         self._stats["decode_rows"] += len(batch.requests)
+        self._stats["decode_padding"] += int(mask.numel() - mask.sum())
         self._stats["max_batch_size"] = max(self._stats["max_batch_size"], len(batch.requests))
         batch.next_ids = self._append(batch.requests, out.logits[:, -1])
 
@@ -347,65 +364,61 @@ class HFEngine:
                 distinct.append(i)
         return distinct, [row_of[tuple(sequence)] for sequence in sequences]
 
-    def _groups(self, sequences: list[list[int]]) -> list[list[int]]:
-        """Which sequences to prefill together (indices): those that start with the same stored prefix (the longest
-        each starts with), shortest first, in batches of at most ``PREFILL_TOKENS`` tokens after that prefix
+    def _groups(self, sequences: list[list[int]]) -> tuple[list[list[int]], list]:
+        """Which sequences to prefill together (indices), and each one's stored prefix (``PrefixCache.lookup``):
+        ordered by the tokens left to forward after that prefix, in batches of at most ``PREFILL_TOKENS`` of them
         counting the padding to the longest (duplicates are forwarded once, so they do not count)."""
-        by_prefix: dict[int, list[int]] = {}
-        for i, sequence in enumerate(sequences):
-            by_prefix.setdefault(self._prefixes.longest(sequence), []).append(i)
-        groups = []
-        for start, members in by_prefix.items():
-            group: list[int] = []
-            distinct: set[tuple[int, ...]] = set()
-            for i in sorted(members, key=lambda i: len(sequences[i])):
-                key = tuple(sequences[i])
-                rows = len(distinct) + (key not in distinct)
-                if group and rows * (len(key) - start) > PREFILL_TOKENS:
-                    groups.append(group)
-                    group, distinct = [], set()
-                group.append(i)
-                distinct.add(key)
-            groups.append(group)
-        return groups
+        prefixes = self._prefixes.lookup(sequences)
+        rest = [len(s) - (0 if p is None else len(p.tokens)) for s, p in zip(sequences, prefixes)]
+        groups: list[list[int]] = []
+        group: list[int] = []
+        distinct: set[tuple[int, ...]] = set()
+        for i in sorted(range(len(sequences)), key=rest.__getitem__):
+            key = tuple(sequences[i])
+            rows = len(distinct) + (key not in distinct)
+            if group and rows * rest[i] > PREFILL_TOKENS:
+                groups.append(group)
+                group, distinct = [], set()
+            group.append(i)
+            distinct.add(key)
+        return groups + [group] if group else groups, prefixes
 
-    def _forward(self, sequences: list[list[int]]) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, int, int]:
+    def _forward(self, sequences: list[list[int]], prefixes: list) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, int, int]:
         """Forward ``sequences`` in one batch. Each distinct sequence is forwarded once (duplicates get copies of its
-        cache row and logits), and a stored prefix they all start with is not forwarded again. Sequences of equal
-        length go as they are, so each row equals its solo forward; others are left-padded to the longest after the
-        prefix, with the padding masked (a row's outputs are its solo forward's up to float rounding), and their
-        rows come back right-aligned. Returns the cache, its attention mask [b, W], the logits of the last position
-        [b, V], the number of tokens forwarded (padding not counted) and of tokens taken from a prefix.
+        cache row and logits), and each one's stored prefix (``prefixes[i]``, or None) is not forwarded again. Rows
+        of equal length after equal prefixes go as they are, so each row equals its solo forward; others are
+        left-padded to the longest rest, with the padding masked (a row's outputs are its solo forward's up to float
+        rounding), and come back right-aligned. Returns the cache, its attention mask [b, W], the logits of the last
+        position [b, V], the number of tokens forwarded (padding not counted) and of tokens taken from prefixes.
         """
         distinct, rows = self._distinct_rows(sequences)
         unique = [sequences[i] for i in distinct]
-        prefix = self._prefixes.lookup(unique)
-        start = 0 if prefix is None else len(prefix.tokens)
-        if prefix is None:
-            cache = growing_cache(self._model.config)
-        else:
-            cache = cache_from_prefix(self._model.config, prefix, len(unique))
-        lengths = [len(s) - start for s in unique]
+        cache, width = cache_from_prefixes(self._model.config, [prefixes[i] for i in distinct])
+        starts = [0 if prefixes[i] is None else len(prefixes[i].tokens) for i in distinct]
+        lengths = [len(s) - start for s, start in zip(unique, starts)]
         pads = [max(lengths) - n for n in lengths]
-        input_ids = torch.tensor([[0] * pad + s[start:] for pad, s in zip(pads, unique)])  # [u, L]
-        mask = torch.tensor([[1] * start + [0] * pad + [1] * n for pad, n in zip(pads, lengths)])  # [u, start + L]
+        input_ids = torch.tensor([[0] * pad + s[start:] for pad, s, start in zip(pads, unique, starts)])  # [u, L]
+        mask = torch.tensor([[0] * (width - start) + [1] * start + [0] * pad + [1] * n
+                             for start, pad, n in zip(starts, pads, lengths)])  # [u, width + L]
         extra = {}
-        if start or any(pads):  # positions count each row's own tokens, after the cached prefix's 0..start-1
+        if width or any(pads):  # positions count each row's own tokens, after its prefix's 0..start-1
             positions = (torch.arange(max(lengths)) - torch.tensor(pads).unsqueeze(1)).clamp(min=0)  # [u, L]
-            extra["position_ids"] = (positions + start).to(self.device)
+            extra["position_ids"] = (positions + torch.tensor(starts).unsqueeze(1)).to(self.device)
         out = self._model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
                           past_key_values=cache, use_cache=True, logits_to_keep=1, **extra)
+        self._stats["prefill_padding"] += sum(pads)
         if any(pads):
-            cache, mask = right_align(self._model.config, cache, start, lengths)
+            cache, mask = right_align(self._model.config, cache, starts, lengths)
         for row, sequence in enumerate(unique):
             self._prefixes.remember(sequence, cache, row, offset=mask.shape[1] - len(sequence))
+
         logits = out.logits[:, -1]  # [u, V]
         if len(distinct) < len(sequences):
             index = torch.tensor(rows)  # [b] distinct row of each sequence
             repeat_rows(cache, index)
             logits = logits[index.to(logits.device)]  # [b, V]
             mask = mask[index]
-        return cache, mask, logits, sum(lengths), start * len(unique)
+        return cache, mask, logits, sum(lengths), sum(starts)
 
     def _warm_prefix(self, prompts: list[list[int]]) -> None:
         """Prompts admitted together that share a prefix (a burst of agent prompts after one system prompt): forward
@@ -414,8 +427,8 @@ class HFEngine:
         if len(distinct) < 2 or not self._prefixes.enabled:
             return
         shared = min(common_prefix(list(distinct)), min(len(p) for p in distinct) - 1)
-        if shared < self._prefixes.min_tokens or self._prefixes.covers(prompts[0][:shared]):
-            return
+        if shared < self._prefixes.min_tokens or self._prefixes.longest(prompts[0][:shared + 1]) == shared:
+            return  # already stored
         tokens = prompts[0][:shared]
         cache = growing_cache(self._model.config)
         self._model(input_ids=torch.tensor([tokens], device=self.device), past_key_values=cache, use_cache=True,
@@ -423,9 +436,9 @@ class HFEngine:
         self._prefixes.store(tokens, cache, 0)
         self._stats["prefill_tokens"] += shared
 
-    def _prefill(self, group: list[RequestState]) -> RunningBatch:
+    def _prefill(self, group: list[RequestState], prefixes: list) -> RunningBatch:
         """Prompts prefilled in one forward; samples each one's first token."""
-        cache, mask, logits, computed, reused = self._forward([r.prompt_ids for r in group])
+        cache, mask, logits, computed, reused = self._forward([r.prompt_ids for r in group], prefixes)
         self._stats["prefill_forwards"] += 1
         self._stats["prefill_tokens"] += computed
         self._stats["prefill_tokens_cached"] += reused
@@ -444,9 +457,10 @@ class HFEngine:
             request.policy_version = min(request.policy_version, self.version)
         sequences = [r.prompt_ids + r.token_ids[:-1] for r in running]
         parts = []
-        for indices in self._groups(sequences):
+        groups, prefixes = self._groups(sequences)
+        for indices in groups:
             group = [running[i] for i in indices]
-            cache, mask, _, computed, _ = self._forward([sequences[i] for i in indices])
+            cache, mask, _, computed, _ = self._forward([sequences[i] for i in indices], [prefixes[i] for i in indices])
             parts.append(RunningBatch(group, cache, mask, torch.tensor([r.token_ids[-1] for r in group])))
             self._stats["interrupted_rows"] += len(group)
             self._stats["recomputed_tokens"] += computed

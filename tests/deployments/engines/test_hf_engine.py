@@ -296,6 +296,54 @@ def test_a_prefix_cut_from_a_left_padded_row_is_the_prompts_own(tiny_model_dir: 
         assert out.logprobs == pytest.approx(ref.logprobs, abs=1e-5)
 
 
+def test_an_episodes_next_turn_forwards_only_what_follows_its_finished_turn(tiny_model_dir: Path) -> None:
+    """A finished request's sequence is kept: the next turn (prompt, response, the tool's answer) forwards only the
+    response's last token and the answer, and generates what the engine without a prefix cache generates."""
+    first = [11 + (7 * j) % 90 for j in range(40)] + [200, 201, 202]
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=8, seed=5)
+
+    async def body(engine: HFEngine):
+        turn1 = await engine.generate(first, sampling, "turn1")
+        second = first + list(turn1.token_ids) + [300, 301, 302]  # the tool's answer after the response
+        before = dict(engine.stats)
+        turn2 = await engine.generate(second, sampling, "turn2")
+        return [turn1, turn2], {k: engine.stats[k] - before[k] for k in ("prefill_tokens", "prefill_tokens_cached")}
+
+    outs, counts = run(_with_engine(tiny_model_dir, body, eos_token_ids=()))
+    plain, plain_counts = run(_with_engine(tiny_model_dir, body, eos_token_ids=(), prefix_cache_min_tokens=0))
+    assert counts == {"prefill_tokens": 1 + 3, "prefill_tokens_cached": len(first) + 8 - 1}
+    assert plain_counts == {"prefill_tokens": len(first) + 8 + 3, "prefill_tokens_cached": 0}
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+    for out, ref in zip(outs, plain):
+        assert out.logprobs == pytest.approx(ref.logprobs, abs=1e-5)
+
+
+def test_turns_after_different_stored_prefixes_are_prefilled_in_one_forward(tiny_model_dir: Path) -> None:
+    """Two episodes' next turns (each after its own finished turn) and a new prompt admitted together: one forward,
+    each row after its own prefix, each output what the engine without a prefix cache generates."""
+    system = [11 + (7 * j) % 90 for j in range(40)]
+    firsts = [system + [200 + i] * (1 + 2 * i) for i in range(2)]  # different lengths, so prefixes differ too
+    fresh = [400 + j for j in range(5)]
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=6, seed=6)
+
+    async def body(engine: HFEngine):
+        turn1 = [await engine.generate(p, sampling, f"e{i}-1") for i, p in enumerate(firsts)]
+        seconds = [p + list(o.token_ids) + [300 + i] * (2 + i) for i, (p, o) in enumerate(zip(firsts, turn1))]
+        before = dict(engine.stats)
+        turn2 = await _generate_all(engine, seconds + [fresh], sampling, "together")
+        counts = {k: engine.stats[k] - before[k] for k in ("prefill_forwards", "prefill_tokens", "prefill_tokens_cached")}
+        return turn1 + turn2, counts
+
+    outs, counts = run(_with_engine(tiny_model_dir, body, eos_token_ids=()))
+    plain, _ = run(_with_engine(tiny_model_dir, body, eos_token_ids=(), prefix_cache_min_tokens=0))
+    cached = [len(p) + 6 - 1 for p in firsts]
+    assert counts == {"prefill_forwards": 1, "prefill_tokens": (1 + 2) + (1 + 3) + len(fresh),
+                      "prefill_tokens_cached": sum(cached)}
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+    for out, ref in zip(outs, plain):
+        assert out.logprobs == pytest.approx(ref.logprobs, abs=1e-5)
+
+
 def test_top_k_one_equals_greedy(tiny_model_dir: Path, reference) -> None:
     async def body(engine: HFEngine):
         return await engine.generate(PROMPTS[4], SamplingParams(temperature=1.5, top_k=1, max_new_tokens=16), "k1")
