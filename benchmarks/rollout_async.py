@@ -24,7 +24,9 @@ than the engine's batch, so tool waits overlap with other episodes' generation. 
 of wall time with at least one generate in flight; 1 / the verl-sync run's busy fraction is the most any
 scheduling can gain over it on this engine. Last line (sigma 1.0): ``async/verl-sync: X.XXx;
 async/engine-bound: X.XXx PASS|FAIL``, PASS when the first is >= 1.5 and the second >= 0.9. Before it, a
-profile per run from the engine's counters: rows per decode step, prefill forwards, seconds by phase.
+profile per run from the engine's counters: rows per decode step, prefill forwards, seconds by phase; and the async
+runs split where the last episode starts: while every slot holds an episode, and the drain after it (a fixed set of
+episodes ends waiting on its slowest tool calls; a training run that keeps streaming episodes has no such end).
 """
 
 from __future__ import annotations
@@ -59,6 +61,10 @@ class EngineGenerator:
         self.busy_s = 0.0
         self.turn_s: list[float] = []
         self._busy_since = 0.0
+
+    def busy_until(self, now: float) -> float:
+        """Busy seconds so far, counting a busy span still open at ``now``."""
+        return self.busy_s + (now - self._busy_since if self.in_flight else 0.0)
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         if self.in_flight == 0:
@@ -162,6 +168,8 @@ class RunResult:
     busy_s: float
     mean_turn_s: float
     engine: dict[str, float]  # the engine's counters and phase seconds during this run
+    # async shape: the same taken when the last episode started (before it every slot holds an episode)
+    full: tuple[float, int, float, dict[str, float]] | None = None  # (seconds, episodes done, busy s, counters)
 
     def profile(self) -> str:
         """Where the engine's time went: rows per decode step, prefill forwards, seconds by phase."""
@@ -170,6 +178,32 @@ class RunResult:
                 f"{e['steps']:.0f} steps, {e['prefill_forwards']:.0f} prefill forwards; "
                 f"decode {e['decode_s']:.1f} s, prefill {e['prefill_s']:.1f} s, merge {e['merge_s']:.1f} s, "
                 f"outside the engine thread {self.wall_s - e['decode_s'] - e['prefill_s'] - e['merge_s']:.1f} s")
+
+    def phases(self) -> str:
+        """The run split where its last episode starts: before, every slot holds an episode; after, the slots
+        empty one by one (the drain, which a stream of episodes that never ends would not have). Tokens per second
+        compare equal work where episodes per second do not: at the split each run has its in-flight episodes at
+        other turns."""
+        if self.full is None:
+            return f"{self.name}: no full/drain split"
+        seconds, done, busy, e = self.full
+        rest = {key: self.engine[key] - e[key] for key in e}
+
+        def part(c: dict[str, float], wall: float, episodes: int, busy: float) -> str:
+            inside = c["decode_s"] + c["prefill_s"] + c["merge_s"]
+            return (f"{wall:.1f} s, {c['generated_tokens'] / wall:.0f} tokens/s, {episodes / wall:.2f} episodes/s, "
+                    f"engine busy {busy / wall:.2f}, {c['decode_rows'] / max(c['steps'], 1):.1f} rows x "
+                    f"{c['steps']:.0f} decode steps {c['decode_s']:.1f} s "
+                    f"({c['decode_padding'] / max(c['decode_rows'], 1):.0f} padding positions per row), "
+                    f"{c['prefill_forwards']:.0f} prefill forwards {c['prefill_tokens']:.0f} tokens "
+                    f"+{c['prefill_padding']:.0f} padding {c['prefill_s']:.1f} s, outside the engine thread "
+                    f"{wall - inside:.1f} s")
+        return (f"{self.name}: all slots full {part(e, seconds, done, busy)}; draining "
+                f"{part(rest, self.wall_s - seconds, self.episodes - done, self.busy_s - busy)}")
+
+    def full_tokens_per_s(self) -> float:
+        seconds, _, _, e = self.full
+        return e["generated_tokens"] / seconds
 
     @property
     def episodes_per_s(self) -> float:
@@ -211,12 +245,20 @@ async def run_mode(name: str, engine: Any, chat: ChatDelta, episodes: list[Episo
                             tools={"lookup": LookupTool(median_s, sigma)}, reward=lambda episode, text: 0.0)
 
     slots = asyncio.Semaphore(concurrency)
+    done = [0]
+    full: list[tuple[float, int, float, dict[str, float]]] = []
 
     async def one(ctx: AgentContext, episode: Episode, barrier: RoundBarrier | None) -> None:
         async with slots:
+            if episode is episodes[-1] and shape == "async":
+                now = time.perf_counter()
+                stats = engine.stats
+                full.append((now - started, done[0], recorder.busy_until(now),
+                             {key: stats[key] - before[key] for key in stats}))
             try:
                 await run_episode(ctx, episode)
             finally:
+                done[0] += 1
                 if barrier is not None:
                     barrier.leave()
 
@@ -234,7 +276,7 @@ async def run_mode(name: str, engine: Any, chat: ChatDelta, episodes: list[Episo
     wall = time.perf_counter() - started
     after = engine.stats
     return RunResult(name, wall, len(episodes), recorder.busy_s, sum(recorder.turn_s) / len(recorder.turn_s),
-                     {key: after[key] - before[key] for key in after})
+                     {key: after[key] - before[key] for key in after}, full[0] if full else None)
 
 
 def _engine(model_dir: Path, batch: int) -> Any:
@@ -301,6 +343,12 @@ def main(argv: list[str] | None = None) -> None:
     for run in (limit, async_run, verl_run):
         print("  " + run.profile())
     print(bounds(limit, async_run))
+    print("before and after the last episode starts (sigma 1.0):")
+    for run in (limit, async_run):
+        print("  " + run.phases())
+    print(f"async/engine-bound while every slot holds an episode: {async_run.full_tokens_per_s() / limit.full_tokens_per_s():.2f}x "
+          f"tokens/s; the drain after it: {async_run.wall_s - async_run.full[0]:.1f} s async vs "
+          f"{limit.wall_s - limit.full[0]:.1f} s engine-bound")
     vs_verl = async_run.episodes_per_s / verl_run.episodes_per_s
     vs_engine = async_run.episodes_per_s / limit.episodes_per_s
     verdict = "PASS" if vs_verl >= GOAL_VS_VERL and vs_engine >= GOAL_VS_ENGINE else "FAIL"
