@@ -32,6 +32,7 @@ from configs import TandemConfig
 from configs.sections import Placement
 from deployments.adapter_registry import drop_adapter_registry, get_adapter_registry
 from deployments.adapter_registry import publish_adapter as _publish_adapter
+from deployments.engines import hf_engine_options
 from deployments.openai_ingress import OpenAIIngress
 from deployments.rollout_server import EngineSpec, RolloutReplica
 from deployments.router import StickyRouter
@@ -117,6 +118,11 @@ def _metrics_interval(seconds: float) -> dict[str, float]:
 def build_app(args: dict[str, Any] | RolloutAppArgs) -> Application:
     """The rollout app: ``OpenAIIngress`` (HTTP ingress) bound to autoscaled ``RolloutServer`` replicas."""
     spec_args = args if isinstance(args, RolloutAppArgs) else RolloutAppArgs.model_validate(args)
+    if spec_args.engine == "hf":  # here, not as a TypeError in every replica that starts
+        unknown = sorted(set(spec_args.engine_kwargs) - hf_engine_options())
+        if unknown:
+            raise ValueError(f"engine_kwargs {unknown}: not options of the hf engine (HFEngine), which takes "
+                             f"{sorted(hf_engine_options())}")
     model_path = _local_model(spec_args.model)
     engine_kwargs = dict(spec_args.engine_kwargs)
     if spec_args.engine == "hf":

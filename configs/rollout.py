@@ -151,7 +151,8 @@ class RolloutConfig(Section):
     """Return rollout log-probs (needed for truncated importance sampling and the log-prob gap metric)."""
     engine_kwargs: dict[str, dict[str, Any]] = Field(default_factory=lambda: {"vllm": {}, "hf": {}})
     """Passed through to the engine: ``engine_kwargs.vllm`` to vLLM's engine args, ``engine_kwargs.hf``
-    to the transformers engine."""
+    to the transformers engine (``HFEngine``'s options, e.g. ``prefix_cache_mib``, ``prefix_cache_min_tokens``,
+    ``attn_implementation``; a key it does not take is rejected when the rollout app is built)."""
     multi_turn: MultiTurnConfig = Field(default_factory=MultiTurnConfig)
     """Multi-turn tool use."""
     agent: AgentConfig = Field(default_factory=AgentConfig)

@@ -28,4 +28,13 @@ def _vllm(model_path: str, **kwargs: Any) -> Engine:
 
 ENGINES: dict[EngineName, Callable[..., Engine]] = {"hf": _hf, "vllm": _vllm}
 
-__all__ = ["ENGINES", "Engine", "EngineName", "EngineOutput", "PromptTooLong"]
+
+def hf_engine_options() -> frozenset[str]:
+    """The keyword arguments ``HFEngine`` takes besides the model and ``max_model_len`` (``engine_kwargs.hf``)."""
+    import inspect
+
+    from deployments.engines.hf_engine import HFEngine
+
+    return frozenset(inspect.signature(HFEngine).parameters) - {"model_path", "max_model_len"}
+
+__all__ = ["ENGINES", "Engine", "EngineName", "EngineOutput", "PromptTooLong", "hf_engine_options"]

@@ -68,6 +68,16 @@ def test_args_from_config_hf_drains_on_swap_without_partial_rollouts(overrides):
 
 
 @pytest.mark.unit
+def test_an_unknown_hf_engine_kwarg_is_rejected_before_any_replica_starts():
+    from apps.rollout import build_app
+
+    with pytest.raises(ValueError, match=r"\['prefix_cache_entries'\]: not options of the hf engine.*prefix_cache_mib"):
+        build_app(RolloutAppArgs(engine_kwargs={"prefix_cache_entries": 4, "prefix_cache_mib": 64}))
+    cfg = _config("+actor_rollout_ref.rollout.engine_kwargs.hf.prefix_cache_mib=64")
+    assert args_from_config(cfg).engine_kwargs["prefix_cache_mib"] == 64
+
+
+@pytest.mark.unit
 def test_args_from_config_vllm_passes_engine_kwargs_through():
     cfg = _config(
         "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.gpu_memory_utilization=0.7",
