@@ -9,28 +9,18 @@ So this engine batches at the step level itself (sampling and cache bookkeeping:
 
 - One asyncio task owns the running batch; every model call runs in a worker thread
   (``asyncio.to_thread``) so the event loop stays responsive.
-- Between decode steps it admits waiting requests. Admitted prompts are prefilled together, each after the
-  longest stored sequence it starts with (below), at most ``PREFILL_TOKENS`` tokens a forward: rows with different
-  stored prefixes go in one batch (each row's prefix right-aligned, left-padded with zeros the mask hides), the
-  tokens after them left-padded to the longest, so each row's outputs are its solo forward's up to float rounding.
-  Agent turns arrive a few at a time with every length, and a forward's fixed cost dominates on small models:
-  grouping by equal length took 3x the forwards (``benchmarks/rollout_async.py``: 882 vs 288 prefill forwards in
-  the async run). The new rows are then merged into the running batch's ``DynamicCache``: rows are right-aligned,
-  shorter rows left-padded with zero keys and values that the attention mask hides. Finished rows are dropped and
-  all-padding columns trimmed.
-- Identical prompts admitted together (a GRPO group's n samples of one prompt) are prefilled once: that
-  row's KV cache and last logits are copied to the others, which then sample their own first token.
-  The forward of the distinct prompts is the same unpadded forward, so outputs do not change
-  (``stats``: ``prefill_tokens`` computed, ``prefill_tokens_shared`` copied instead).
-- Prompts that start with a stored sequence reuse its keys and values (``PrefixCache``, vLLM's automatic prefix
-  caching in spirit): the common prefix of consecutive prompts (an agent's system prompt with its tool schemas,
-  ~200 tokens of every demo prompt) is cut out of a prefill's own cache (no extra forward), and when a request
-  finishes its row's whole sequence is kept, so an episode's next turn (that sequence, the tool's answer and the
-  chat template's glue) forwards only the new tokens (``stats``: ``prefill_tokens_cached``). A multi-turn agent
-  benchmark forwards 31k instead of 132k prompt tokens (``benchmarks/rollout_async.py``). Bounded by
-  ``prefix_cache_mib`` of keys and values, least recently used out; cleared on every adapter change. The rest is
-  forwarded against cached keys instead of the whole prompt at once, so log-probs may differ from the one-pass
-  forward in the last float bits (``prefix_cache_min_tokens=0`` turns it off).
+- Between decode steps it admits waiting requests and prefills them (``hf_prefill``): in forwards of at most
+  ``PREFILL_TOKENS`` tokens, each prompt after the longest stored sequence it starts with, identical prompts (a
+  GRPO group's n samples) once. The new rows are then merged into the running batch's ``DynamicCache``: rows are
+  right-aligned, shorter rows left-padded with zero keys and values that the attention mask hides. Finished rows
+  are dropped and all-padding columns trimmed.
+- Stored sequences (``PrefixCache``): the common prefix of consecutive prompts (an agent's system prompt with its
+  tool schemas) and, when a request finishes, its row's whole sequence, so an episode's next turn forwards only
+  the new tokens (``stats``: ``prefill_tokens_cached``; a multi-turn agent benchmark forwards 31k instead of 132k
+  prompt tokens, ``benchmarks/rollout_async.py``). Bounded by ``prefix_cache_mib`` of keys and values, least
+  recently used out; cleared on every adapter change. The rest is forwarded against cached keys instead of the
+  whole prompt at once, so log-probs may differ from the one-pass forward in the last float bits
+  (``prefix_cache_min_tokens=0`` turns it off).
 - Each row samples with its own temperature / top-k / top-p and its own ``torch.Generator`` (seeded
   from ``SamplingParams.seed``), so a seeded request is reproducible whatever it is batched with.
 - Log-probs are those of the sampled tokens under the raw model distribution (``log_softmax`` of the
@@ -61,14 +51,11 @@ from transformers.cache_utils import DynamicLayer
 from agents.records import AdapterRef, SamplingParams
 from deployments.engines.base import EngineOutput, PromptTooLong
 from deployments.engines.hf_attention import ATTENTION
-from deployments.engines.hf_batch import (PrefixCache, RequestState, RunningBatch, cache_from_prefixes,
-                                          common_prefix, growing_cache, keep_rows, merge_batches, repeat_rows,
-                                          right_align, sample_next)
+from deployments.engines.hf_batch import RequestState, RunningBatch, keep_rows, merge_batches, sample_next
+from deployments.engines.hf_prefill import PrefixCache, Prefiller
 
 DType = Literal["float32", "bfloat16", "float16"]
 SwapMode = Literal["drain", "interrupt"]
-# Most tokens one prefill forward computes, padding included (vLLM's ``max_num_batched_tokens`` plays this part).
-PREFILL_TOKENS = 4096
 DTYPES: dict[DType, torch.dtype] = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
@@ -135,6 +122,7 @@ class HFEngine:
         self._wake: asyncio.Event | None = None
         self._loop_task: asyncio.Task | None = None
         self._prefixes = PrefixCache(prefix_cache_min_tokens, int(prefix_cache_mib * 2**20))
+        self._prefiller = Prefiller(self._prefixes, self.device)
         self._stats = {"steps": 0, "decode_rows": 0, "max_batch_size": 0, "prefill_tokens": 0,
                        "prefill_tokens_shared": 0, "prefill_tokens_cached": 0, "generated_tokens": 0,
                        "interrupted_rows": 0, "recomputed_tokens": 0, "prefill_forwards": 0,
@@ -312,8 +300,8 @@ class HFEngine:
             self._decode(batch)
             parts.append(batch)
         clock = self._lap("decode_s", clock)
-        self._warm_prefix([r.prompt_ids for r in admitted])
-        groups, prefixes = self._groups([r.prompt_ids for r in admitted])
+        self._stats["prefill_tokens"] += self._prefiller.warm(self._model, [r.prompt_ids for r in admitted])
+        groups, prefixes = self._prefiller.groups([r.prompt_ids for r in admitted])
         for group in groups:
             parts.append(self._prefill([admitted[i] for i in group], [prefixes[i] for i in group]))
         clock = self._lap("prefill_s", clock)
@@ -353,97 +341,15 @@ class HFEngine:
         self._stats["max_batch_size"] = max(self._stats["max_batch_size"], len(batch.requests))
         batch.next_ids = self._append(batch.requests, out.logits[:, -1])
 
-    @staticmethod
-    def _distinct_rows(sequences: list[list[int]]) -> tuple[list[int], list[int]]:
-        """(index of the first occurrence of each distinct sequence, for each sequence its distinct row)."""
-        row_of: dict[tuple[int, ...], int] = {}
-        distinct: list[int] = []
-        for i, sequence in enumerate(map(tuple, sequences)):
-            if sequence not in row_of:
-                row_of[sequence] = len(distinct)
-                distinct.append(i)
-        return distinct, [row_of[tuple(sequence)] for sequence in sequences]
-
-    def _groups(self, sequences: list[list[int]]) -> tuple[list[list[int]], list]:
-        """Which sequences to prefill together (indices), and each one's stored prefix (``PrefixCache.lookup``):
-        ordered by the tokens left to forward after that prefix, in batches of at most ``PREFILL_TOKENS`` of them
-        counting the padding to the longest (duplicates are forwarded once, so they do not count)."""
-        prefixes = self._prefixes.lookup(sequences)
-        rest = [len(s) - (0 if p is None else len(p.tokens)) for s, p in zip(sequences, prefixes)]
-        groups: list[list[int]] = []
-        group: list[int] = []
-        distinct: set[tuple[int, ...]] = set()
-        for i in sorted(range(len(sequences)), key=rest.__getitem__):
-            key = tuple(sequences[i])
-            rows = len(distinct) + (key not in distinct)
-            if group and rows * rest[i] > PREFILL_TOKENS:
-                groups.append(group)
-                group, distinct = [], set()
-            group.append(i)
-            distinct.add(key)
-        return groups + [group] if group else groups, prefixes
-
-    def _forward(self, sequences: list[list[int]], prefixes: list) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, int, int]:
-        """Forward ``sequences`` in one batch. Each distinct sequence is forwarded once (duplicates get copies of its
-        cache row and logits), and each one's stored prefix (``prefixes[i]``, or None) is not forwarded again. Rows
-        of equal length after equal prefixes go as they are, so each row equals its solo forward; others are
-        left-padded to the longest rest, with the padding masked (a row's outputs are its solo forward's up to float
-        rounding), and come back right-aligned. Returns the cache, its attention mask [b, W], the logits of the last
-        position [b, V], the number of tokens forwarded (padding not counted) and of tokens taken from prefixes.
-        """
-        distinct, rows = self._distinct_rows(sequences)
-        unique = [sequences[i] for i in distinct]
-        cache, width = cache_from_prefixes(self._model.config, [prefixes[i] for i in distinct])
-        starts = [0 if prefixes[i] is None else len(prefixes[i].tokens) for i in distinct]
-        lengths = [len(s) - start for s, start in zip(unique, starts)]
-        pads = [max(lengths) - n for n in lengths]
-        input_ids = torch.tensor([[0] * pad + s[start:] for pad, s, start in zip(pads, unique, starts)])  # [u, L]
-        mask = torch.tensor([[0] * (width - start) + [1] * start + [0] * pad + [1] * n
-                             for start, pad, n in zip(starts, pads, lengths)])  # [u, width + L]
-        extra = {}
-        if width or any(pads):  # positions count each row's own tokens, after its prefix's 0..start-1
-            positions = (torch.arange(max(lengths)) - torch.tensor(pads).unsqueeze(1)).clamp(min=0)  # [u, L]
-            extra["position_ids"] = (positions + torch.tensor(starts).unsqueeze(1)).to(self.device)
-        out = self._model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
-                          past_key_values=cache, use_cache=True, logits_to_keep=1, **extra)
-        self._stats["prefill_padding"] += sum(pads)
-        if any(pads):
-            cache, mask = right_align(self._model.config, cache, starts, lengths)
-        for row, sequence in enumerate(unique):
-            self._prefixes.remember(sequence, cache, row, offset=mask.shape[1] - len(sequence))
-
-        logits = out.logits[:, -1]  # [u, V]
-        if len(distinct) < len(sequences):
-            index = torch.tensor(rows)  # [b] distinct row of each sequence
-            repeat_rows(cache, index)
-            logits = logits[index.to(logits.device)]  # [b, V]
-            mask = mask[index]
-        return cache, mask, logits, sum(lengths), sum(starts)
-
-    def _warm_prefix(self, prompts: list[list[int]]) -> None:
-        """Prompts admitted together that share a prefix (a burst of agent prompts after one system prompt): forward
-        that prefix once and store it, so each prompt's prefill forwards only the rest."""
-        distinct = {tuple(p) for p in prompts}
-        if len(distinct) < 2 or not self._prefixes.enabled:
-            return
-        shared = min(common_prefix(list(distinct)), min(len(p) for p in distinct) - 1)
-        if shared < self._prefixes.min_tokens or self._prefixes.longest(prompts[0][:shared + 1]) == shared:
-            return  # already stored
-        tokens = prompts[0][:shared]
-        cache = growing_cache(self._model.config)
-        self._model(input_ids=torch.tensor([tokens], device=self.device), past_key_values=cache, use_cache=True,
-                    logits_to_keep=1)
-        self._prefixes.store(tokens, cache, 0)
-        self._stats["prefill_tokens"] += shared
-
     def _prefill(self, group: list[RequestState], prefixes: list) -> RunningBatch:
         """Prompts prefilled in one forward; samples each one's first token."""
-        cache, mask, logits, computed, reused = self._forward([r.prompt_ids for r in group], prefixes)
+        out = self._prefiller.forward(self._model, [r.prompt_ids for r in group], prefixes)
         self._stats["prefill_forwards"] += 1
-        self._stats["prefill_tokens"] += computed
-        self._stats["prefill_tokens_cached"] += reused
-        self._stats["prefill_tokens_shared"] += int(mask.sum()) - computed - reused
-        return RunningBatch(group, cache, mask, self._append(group, logits))
+        self._stats["prefill_tokens"] += out.computed
+        self._stats["prefill_tokens_cached"] += out.reused
+        self._stats["prefill_tokens_shared"] += int(out.mask.sum()) - out.computed - out.reused
+        self._stats["prefill_padding"] += out.padding
+        return RunningBatch(group, out.cache, out.mask, self._append(group, out.logits))
 
     @torch.inference_mode()
     def _recompute(self, batch: RunningBatch) -> RunningBatch | None:
@@ -457,13 +363,14 @@ class HFEngine:
             request.policy_version = min(request.policy_version, self.version)
         sequences = [r.prompt_ids + r.token_ids[:-1] for r in running]
         parts = []
-        groups, prefixes = self._groups(sequences)
+        groups, prefixes = self._prefiller.groups(sequences)
         for indices in groups:
             group = [running[i] for i in indices]
-            cache, mask, _, computed, _ = self._forward([sequences[i] for i in indices], [prefixes[i] for i in indices])
-            parts.append(RunningBatch(group, cache, mask, torch.tensor([r.token_ids[-1] for r in group])))
+            out = self._prefiller.forward(self._model, [sequences[i] for i in indices], [prefixes[i] for i in indices])
+            parts.append(RunningBatch(group, out.cache, out.mask, torch.tensor([r.token_ids[-1] for r in group])))
             self._stats["interrupted_rows"] += len(group)
-            self._stats["recomputed_tokens"] += computed
+            self._stats["recomputed_tokens"] += out.computed
+            self._stats["prefill_padding"] += out.padding
         return merge_batches(parts) if parts else None
 
     def _append(self, requests: list[RequestState], logits: torch.Tensor) -> torch.Tensor:

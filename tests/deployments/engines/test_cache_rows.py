@@ -9,7 +9,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from deployments.engines.hf_batch import GrowingLayer, PrefixCache, cache_from_prefixes, repeat_rows, right_align
+from deployments.engines.hf_batch import GrowingLayer, repeat_rows
+from deployments.engines.hf_prefill import PrefixCache, cache_from_prefixes, right_align
 
 pytestmark = pytest.mark.unit
 
