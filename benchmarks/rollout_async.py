@@ -1,7 +1,7 @@
 """Async agent loops vs verl's synchronous batch shape, on the same episodes (benchmarks).
 
     python -m benchmarks.rollout_async [--episodes 512] [--concurrency 128] [--max-batch-size 32] [--tool-turns 3]
-                                       [--tokens-per-turn 16] [--sigmas 0.5 1.0 1.5]
+                                       [--tokens-per-turn 16] [--sigmas 0.5 1.0 1.5] [--rounds 3]
 
 Runs of the same episodes (same prompts, same per-sample seeds, same tool latencies) through the same
 ``tool_agent`` loop and one in-process ``HFEngine`` on the tiny model:
@@ -15,6 +15,12 @@ Runs of the same episodes (same prompts, same per-sample seeds, same tool latenc
    end of the batch before the next starts. The baseline verl's users actually run;
 4. ``lock-step``: a per-turn round barrier inside each batch (generate for all, then all tools, then generate
    again), the shape of a naive batched loop; a second, labelled line, not the baseline.
+
+At sigma 1.0, the verdict's, runs 1-3 are repeated ``--rounds`` times, back to back, each round in a rotated order
+(round 1: engine-bound, async, verl-sync; round 2: async, verl-sync, engine-bound; ...), and each mode's episodes
+and seconds are pooled over the rounds. This box's speed drifts by a third within minutes; a ratio of runs taken
+minutes apart (the engine-bound run used to be measured once, before every sigma) measured the drift as much as
+the scheduling, and once exceeded its own ceiling. Each round's ratios are printed as well, so the spread shows.
 
 The workload is fixed so that only scheduling differs: every turn asks for ``--tokens-per-turn`` tokens
 (``TurnCap``), and every turn calls the ``lookup`` tool (``always_call``) until ``max_assistant_turns``
@@ -215,6 +221,28 @@ class RunResult:
 
 
 GOAL_VS_VERL, GOAL_VS_ENGINE = 1.5, 0.9
+VERDICT_SIGMA = 1.0
+
+
+def pool(runs: list[RunResult]) -> RunResult:
+    """One mode's runs taken as one: episodes, seconds and counters summed (ratios of the sums weigh each run by
+    its length, as one longer run would)."""
+    def total(dicts: list[dict[str, float]]) -> dict[str, float]:
+        return {key: sum(d[key] for d in dicts) for key in dicts[0]}
+
+    fulls = [r.full for r in runs if r.full is not None]
+    full = None
+    if len(fulls) == len(runs) and fulls:
+        full = (sum(f[0] for f in fulls), sum(f[1] for f in fulls), sum(f[2] for f in fulls), total([f[3] for f in fulls]))
+    return RunResult(f"{runs[0].name} ({len(runs)} runs pooled)" if len(runs) > 1 else runs[0].name,
+                     sum(r.wall_s for r in runs), sum(r.episodes for r in runs), sum(r.busy_s for r in runs),
+                     sum(r.mean_turn_s * r.episodes for r in runs) / sum(r.episodes for r in runs),
+                     total([r.engine for r in runs]), full)
+
+
+def ratios(limit: RunResult, async_run: RunResult, verl_run: RunResult) -> str:
+    return (f"async/verl-sync {async_run.episodes_per_s / verl_run.episodes_per_s:.2f}x (ceiling "
+            f"{1 / verl_run.busy_fraction:.2f}x), async/engine-bound {async_run.episodes_per_s / limit.episodes_per_s:.2f}x")
 
 
 def bounds(limit: RunResult, run: RunResult) -> str:
@@ -295,7 +323,8 @@ async def main_async(args: argparse.Namespace) -> dict[float, list[RunResult]]:
     common = dict(concurrency=args.concurrency, tool_turns=args.tool_turns, tokens_per_turn=args.tokens_per_turn)
     await run_mode("warm-up", engine, chat, make_episodes(args.max_batch_size), median_s=0.0, sigma=1.0,
                    shape="async", **common)
-    limit = await run_mode("async, no tool latency", engine, chat, episodes, median_s=0.0, sigma=1.0, shape="async",
+    limit = await run_mode("async, no tool latency (calibration)", engine, chat, episodes, median_s=0.0, sigma=1.0,
+                           shape="async",
                            **common)
     # One generation turn = the time a full engine batch takes for one turn in the engine-bound run
     # (batch slots / turns per second); an episode's own generate latency would also count queueing.
@@ -303,11 +332,23 @@ async def main_async(args: argparse.Namespace) -> dict[float, list[RunResult]]:
     median_s = args.max_batch_size * limit.wall_s / turns
     print(f"tool latency: lognormal, median {median_s * 1000:.0f} ms (= one generation turn)")
     runs: dict[float, list[RunResult]] = {}
+    rounds: list[tuple[RunResult, RunResult, RunResult]] = []
     for sigma in args.sigmas:
-        runs[sigma] = [limit] + [
-            await run_mode(f"{label}, sigma {sigma}", engine, chat, episodes, median_s=median_s, sigma=sigma,
-                           shape=shape, **common)
-            for label, shape in (("async", "async"), ("verl-sync", "verl"), ("lock-step", "lockstep"))]
+        modes = [("async", "async"), ("verl-sync", "verl"), ("lock-step", "lockstep")]
+        if sigma == VERDICT_SIGMA:
+            trio = [("async, no tool latency", 0.0, "async"), (f"async, sigma {sigma}", median_s, "async"),
+                    (f"verl-sync, sigma {sigma}", median_s, "verl")]
+            for r in range(args.rounds):
+                order = trio[r % 3:] + trio[:r % 3]
+                done = {name: await run_mode(name, engine, chat, episodes, median_s=m, sigma=sigma, shape=shape,
+                                             **common) for name, m, shape in order}
+                rounds.append(tuple(done[name] for name, _, _ in trio))
+                print(f"round {r + 1} ({', '.join(name.split(',')[0] if m else 'engine-bound' for name, m, _ in order)}):"
+                      f" {ratios(*rounds[-1])}", flush=True)
+            modes = modes[2:]
+        runs[sigma] = [pool([r[i] for r in rounds]) for i in range(3)] if sigma == VERDICT_SIGMA else [limit]
+        runs[sigma] += [await run_mode(f"{label}, sigma {sigma}", engine, chat, episodes, median_s=median_s,
+                                       sigma=sigma, shape=shape, **common) for label, shape in modes]
     return runs
 
 
@@ -327,23 +368,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens-per-turn", type=int, default=16)
     parser.add_argument("--sigmas", type=float, nargs="+", default=[0.5, 1.0, 1.5],
                         help="lognormal sigmas of the tool latency; the verdict is taken at 1.0")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of engine-bound, async and verl-sync at sigma 1.0, each in a rotated order")
     args = parser.parse_args(argv)
-    if 1.0 not in args.sigmas:
-        parser.error("--sigmas must include 1.0 (the verdict's sigma)")
+    if VERDICT_SIGMA not in args.sigmas:
+        parser.error(f"--sigmas must include {VERDICT_SIGMA} (the verdict's sigma)")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
     by_sigma = asyncio.run(main_async(args))
-    print(f"{'mode':32s} {'episodes/s':>10s} {'engine busy':>11s} {'wall s':>7s}")
+    print(f"{'mode':48s} {'episodes/s':>10s} {'engine busy':>11s} {'wall s':>7s}")
     for sigma, (limit, async_run, verl_run, lockstep) in by_sigma.items():
-        for run in (limit, async_run, verl_run, lockstep) if sigma == args.sigmas[0] else (async_run, verl_run, lockstep):
-            print(f"{run.name:32s} {run.episodes_per_s:10.2f} {run.busy_fraction:11.2f} {run.wall_s:7.2f}")
+        shown = (limit, async_run, verl_run, lockstep) if sigma in (VERDICT_SIGMA, args.sigmas[0]) else (async_run, verl_run, lockstep)
+        for run in shown:
+            print(f"{run.name:48s} {run.episodes_per_s:10.2f} {run.busy_fraction:11.2f} {run.wall_s:7.2f}")
         print(f"sigma {sigma}: async/verl-sync {async_run.episodes_per_s / verl_run.episodes_per_s:.2f}x "
               f"(ceiling {1 / verl_run.busy_fraction:.2f}x = 1 / verl-sync engine busy), "
               f"async/lock-step {async_run.episodes_per_s / lockstep.episodes_per_s:.2f}x")
-    limit, async_run, verl_run, _ = by_sigma[1.0]
-    print("profile (sigma 1.0):")
+    limit, async_run, verl_run, _ = by_sigma[VERDICT_SIGMA]
+    print(f"profile (sigma {VERDICT_SIGMA}, the rounds pooled):")
     for run in (limit, async_run, verl_run):
         print("  " + run.profile())
     print(bounds(limit, async_run))
-    print("before and after the last episode starts (sigma 1.0):")
+    print(f"before and after the last episode starts (sigma {VERDICT_SIGMA}, the rounds pooled):")
     for run in (limit, async_run):
         print("  " + run.phases())
     print(f"async/engine-bound while every slot holds an episode: {async_run.full_tokens_per_s() / limit.full_tokens_per_s():.2f}x "
