@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from agents.parsers import PARSERS
@@ -68,6 +68,10 @@ def test_parsers_never_raise_on_mutated_outputs(text: str):
 @pytest.mark.parametrize("fmt", sorted(PARSERS))
 @settings(max_examples=50, deadline=None)
 @given(text=st.one_of(mutated(), syntax_text, several), chunk=st.integers(1, 9))
+# found by this test on a fresh clone: a balanced object the parser cannot decode, with an unterminated call inside it
+@example(text='</tool_call>Computing now. {"name": "calculator"}, "arguments": {"expression": "123 * 45\n[{name": '
+         '"calculator", "arguments": {"expression": "5 * 6"}}, {"name": "calculator", "arguments": {"expression": "30"}}]',
+         chunk=1)
 def test_stream_never_raises_and_releases_the_full_parse(fmt: str, text: str, chunk: int):
     stream = ToolCallStream(fmt)
     content, calls = "", []
