@@ -150,6 +150,17 @@ def _fence(match: re.Match[str], found: _Collector) -> None:
         found.calls.extend(calls)
 
 
+def read_bare(fragment: str) -> tuple[list[ToolCall] | None, str | None] | None:
+    """How a balanced bare JSON candidate is read: None when it does not decode and does not look like a call (the
+    scan goes on inside it); else (calls, None), (None, None) for an answer object, or (None, error) for a broken
+    call, each taking the candidate whole. ``streaming`` asks the same to know what it may release."""
+    try:
+        calls = calls_from_value(decode_lenient(fragment), explicit=False)
+    except CallDecodeError as exc:
+        return (None, f"bare JSON tool call: {exc}") if looks_like_call(fragment) else None
+    return calls, None
+
+
 def _scan_bare(gap: str, found: _Collector) -> None:
     """Bare JSON calls in plain text; everything else in ``gap`` is content."""
     if "{" not in gap:
@@ -171,19 +182,17 @@ def _scan_bare(gap: str, found: _Collector) -> None:
                 break
             search_at = start + 1
             continue
-        fragment = gap[start:end]
-        try:
-            calls = calls_from_value(decode_lenient(fragment), explicit=False)
-        except CallDecodeError as exc:
-            if not looks_like_call(fragment):
-                search_at = start + 1
-                continue
-            calls = None
-            found.errors.append(f"bare JSON tool call: {exc}")
+        read = read_bare(gap[start:end])
+        if read is None:
+            search_at = start + 1
+            continue
+        calls, error = read
+        if error is not None:
+            found.errors.append(error)
+        elif calls is None:
+            search_at = end  # an answer object: its insides are not calls either
+            continue
         else:
-            if calls is None:
-                search_at = end  # an answer object: its insides are not calls either
-                continue
             found.calls.extend(calls)
         found.pieces.append(gap[pos:start])
         junk = _TRAILING_JUNK_RE.match(gap, end)

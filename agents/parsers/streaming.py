@@ -15,7 +15,8 @@ import re
 from dataclasses import dataclass
 
 from agents.parsers import DEFAULT_FORMAT, get_parser, parse_tool_calls
-from agents.parsers._common import CallDecodeError, calls_from_value, decode_lenient, find_json_end, looks_like_call
+from agents.parsers._common import find_json_end
+from agents.parsers.qwen25_coder import read_bare
 from agents.records import ParsedToolCalls, ToolCall
 
 
@@ -102,18 +103,9 @@ def _json_hold(gap: str, limit: int) -> int:
         end = find_json_end(gap, match.start())
         if end is None or end > limit:
             return match.start()
-        search_at = end if _read_whole(gap[match.start():end]) else match.start() + 1
+        # as the parser: a candidate it cannot read whole is searched inside for a call start
+        search_at = end if read_bare(gap[match.start():end]) is not None else match.start() + 1
     return limit
-
-
-def _read_whole(fragment: str) -> bool:
-    """Whether the parser takes a balanced candidate as one piece (a call, an answer object, a broken call) or, as
-    with one it cannot decode that does not look like a call, searches inside it for a call start (``_scan_bare``)."""
-    try:
-        calls_from_value(decode_lenient(fragment), explicit=False)
-    except CallDecodeError:
-        return looks_like_call(fragment)
-    return True
 
 
 def _partial_marker_start(text: str, markers: tuple[str, ...]) -> int:
