@@ -10,7 +10,7 @@ SHELL := /bin/bash
 # warning per package those folders lack: ~240 lines of a fresh install. Only that message is dropped.
 QUIET_PIP := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
-.PHONY: setup demo test test-fast test-vllm bench readme-check clean
+.PHONY: setup demo test test-fast fuzz test-vllm bench readme-check clean
 
 setup: $(STAMP)
 
@@ -44,6 +44,11 @@ test: $(STAMP)
 # the fast tier (< 2 minutes): everything but slow tests.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# the property tests with new random examples, FUZZ_RUNS times (make test draws the same examples every run)
+FUZZ_RUNS ?= 10
+fuzz: $(STAMP)
+	for i in $$(seq $(FUZZ_RUNS)); do HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest -q -m hypothesis || exit 1; done
 
 test-vllm:
 	bash scripts/test_vllm.sh

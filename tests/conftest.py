@@ -7,12 +7,19 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 # vLLM's CPU backend (the vllm tests) reserves this many GiB for its KV cache up front, and binds OpenMP threads to
 # cores unless told not to: small and unbound on a shared 2-core box. Set before any Ray cluster starts, so the
 # Serve replicas that run vLLM inherit them.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+# Property tests draw the same examples on every run ("ci", the default), so a CI run cannot fail on an example no
+# earlier run met; `make fuzz` draws new ones ("fuzz") and keeps what fails in .hypothesis/ to replay it.
+settings.register_profile("ci", derandomize=True, database=None)
+settings.register_profile("fuzz", derandomize=False, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="session")
