@@ -25,9 +25,10 @@ from agents.records import AdapterRef
 from apps.cluster import check_cluster, on_this_node
 from apps.coordinator import CoordinatorActor
 from apps.coordinator import accounting as group_accounting
-from apps.driver import (AdapterPublisherActor, MetricsSinkActor, check_resources, connect_ray, final_adapter,
-                         load_training_rows, summary_table, with_absolute_paths)
+from apps.driver import (check_resources, connect_ray, final_adapter, load_training_rows, summary_table,
+                         with_absolute_paths)
 from apps.progress import Reporter, StepLog, final_paths
+from apps.publishing import AdapterPublisherActor, MetricsSinkActor
 from apps.rollout import attach_rollout_app, delete_rollout_app, deploy_rollout_app, deployed_apps
 from apps.tracking import RunTracker, prepare_store
 from apps.validation import Validator

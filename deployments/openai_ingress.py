@@ -5,7 +5,7 @@
 through its handle (the session id is the trajectory id, so one agent session stays on one replica), decode the
 sampled ids and, for chat, parse tool calls with the configured parser into OpenAI ``tool_calls``. ``n`` samples
 go out as ``n`` generate calls; ``stream: true`` answers with server-sent events once the samples are done. Request
-models and every response body are built in ``openai_protocol`` (pure functions).
+models and every response body are built in ``openai_protocol`` and ``openai_stream`` (pure functions).
 
 Each call's exact tokens, log-probs and policy version are kept under the request's ``x-session-id`` header, so
 a trainer can collect token-exact trajectories from any agent framework that speaks OpenAI (the Agent Lightning
@@ -42,17 +42,14 @@ from deployments.openai_protocol import (
     SamplingRequest,
     apply_stop,
     build_chat_completion,
-    chat_chunks,
     flatten_content,
     forced_tool_message,
     forced_tool_schema,
     logprobs_content,
     sample_message,
-    sse,
-    text_chunks,
     text_completion,
-    usage_chunk,
 )
+from deployments.openai_stream import chat_chunks, sse, text_chunks, usage_chunk
 from deployments.session_replay import replay_prompt_ids
 
 logger = logging.getLogger(__name__)

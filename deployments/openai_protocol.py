@@ -11,9 +11,8 @@ here from sampled token ids, so unit tests check the wire format without a clust
   named function's arguments) and that JSON becomes ``tool_calls``. Only the vllm engine constrains decoding.
 - ``apply_stop``: ``stop`` strings cut the sampled ids after the token that completes the first stop string.
 - ``chat_completion`` / ``text_completion``: one response object for ``n`` samples.
-- ``chat_chunks`` / ``text_chunks``: the same answer as stream chunks, one per sampled token; tool calls are
-  released by the streaming parser (``agents.parsers.streaming``) once their block is complete, so the content
-  and calls of the chunks, concatenated, equal the non-streamed message.
+
+The same answers as stream chunks are built in ``openai_stream``.
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agents.parsers import parse_tool_calls, strip_end_markers
-from agents.parsers.streaming import ToolCallStream
 from agents.records import GenerateResult, ToolCall
 
 MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -225,7 +223,7 @@ def flatten_content(message: dict[str, Any]) -> dict[str, Any]:
     return message
 
 
-def _openai_call(call: Any) -> dict[str, Any]:
+def openai_call(call: Any) -> dict[str, Any]:
     return {"id": call.id or f"call_{uuid.uuid4().hex[:24]}", "type": "function",
             "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)}}
 
@@ -241,7 +239,7 @@ def completion_message(
     if not parsed.calls:
         return {"role": "assistant", "content": text}
     return {"role": "assistant", "content": parsed.content.strip() or None,
-            "tool_calls": [_openai_call(call) for call in parsed.calls]}
+            "tool_calls": [openai_call(call) for call in parsed.calls]}
 
 
 def sample_message(sample: Sample, tokenizer: Any, parser: str, parse_tools: bool) -> dict[str, Any]:
@@ -278,7 +276,7 @@ def forced_tool_message(sample: Sample, tokenizer: Any, forced: str) -> dict[str
                  else [ToolCall(forced, value)])
     except (KeyError, TypeError, ValueError):
         return {"role": "assistant", "content": text}
-    return {"role": "assistant", "content": None, "tool_calls": [_openai_call(call) for call in calls]}
+    return {"role": "assistant", "content": None, "tool_calls": [openai_call(call) for call in calls]}
 
 
 def finish_reason(result: GenerateResult, has_calls: bool) -> str:
@@ -287,7 +285,7 @@ def finish_reason(result: GenerateResult, has_calls: bool) -> str:
     return "length" if result.finish_reason == "length" else "stop"
 
 
-def _usage(prompt_len: int, samples: list[GenerateResult]) -> dict[str, int]:
+def usage_counts(prompt_len: int, samples: list[GenerateResult]) -> dict[str, int]:
     completion_tokens = sum(len(r.token_ids) for r in samples)
     return {"prompt_tokens": prompt_len, "completion_tokens": completion_tokens,
             "total_tokens": prompt_len + completion_tokens}
@@ -310,7 +308,7 @@ def build_chat_completion(
         "created": int(time.time()) if created is None else created,
         "model": model,
         "choices": choices,
-        "usage": _usage(prompt_len, [result for result, _ in answers]),
+        "usage": usage_counts(prompt_len, [result for result, _ in answers]),
         "system_fingerprint": f"policy-v{min(result.policy_version for result, _ in answers)}",
     }
 
@@ -333,136 +331,5 @@ def text_completion(*, completion_id: str, model: str, prompt_len: int, samples:
         choices.append(choice)
     return {"id": completion_id, "object": "text_completion",
             "created": int(time.time()) if created is None else created, "model": model, "choices": choices,
-            "usage": _usage(prompt_len, [s.result for s in samples]),
+            "usage": usage_counts(prompt_len, [s.result for s in samples]),
             "system_fingerprint": f"policy-v{min(s.result.policy_version for s in samples)}"}
-
-
-def _text_prefixes(ids: tuple[int, ...], tokenizer: Any, final: str, *, strip: bool) -> list[str]:
-    """For each sampled token, the part of ``final`` (the answer's whole text) that is settled once that token is
-    decoded: a decoded prefix that is not a prefix of ``final`` (half a UTF-8 character, text past a stop string)
-    settles nothing new. The last entry is ``final``."""
-    settled, out = "", []
-    for k in range(1, len(ids) + 1):
-        text = tokenizer.decode(list(ids[:k]), skip_special_tokens=False)
-        text = strip_end_markers(text, tokenizer) if strip else text
-        if final.startswith(text) and len(text) > len(settled):
-            settled = text
-        out.append(settled)
-    if out:
-        out[-1] = final
-    return out
-
-
-def _chunk(completion_id: str, created: int, model: str, obj: str, choice: dict[str, Any]) -> dict[str, Any]:
-    return {"id": completion_id, "object": obj, "created": created, "model": model, "choices": [choice]}
-
-
-def chat_chunks(*, completion_id: str, created: int, model: str, index: int, sample: Sample, message: dict[str, Any],
-                tokenizer: Any, parser: str, parse_tools: bool, logprobs: bool,
-                token_ids: bool, forced: bool = False) -> list[dict[str, Any]]:
-    """One sample's ``chat.completion.chunk`` objects: the role, then one chunk per sampled token (its content delta,
-    any tool call completed by it, its log-prob and id when asked), then the finish reason. A ``forced`` answer
-    (``forced_tool_message``) streams no content: its calls come with the last token, complete JSON being known only
-    then; one cut short streams as content."""
-    if forced and message.get("tool_calls"):
-        return _forced_chunks(completion_id, created, model, index, sample, message, tokenizer, logprobs, token_ids)
-    result = sample.result
-    ids = result.token_ids
-    final = sample.before_stop if sample.before_stop is not None else strip_end_markers(
-        tokenizer.decode(list(ids), skip_special_tokens=False), tokenizer)
-    stream = ToolCallStream(parser) if parse_tools else None
-    calls_sent = 0
-    chunks = [_chunk(completion_id, created, model, "chat.completion.chunk",
-                     {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                      "finish_reason": None})]
-    sent = ""
-    prefixes = _text_prefixes(ids, tokenizer, final, strip=True)
-    for k, text in enumerate(prefixes):
-        last = k == len(prefixes) - 1
-        delta: dict[str, Any] = {}
-        if stream is None:
-            delta["content"] = text[len(sent):]
-            sent = text
-        else:
-            released = [stream.feed(text)] + ([stream.finish()] if last else [])
-            content = "".join(r.content for r in released)
-            calls = [c for r in released for c in r.calls]
-            if content:
-                delta["content"] = content
-            if calls:
-                # the same ids as the non-streamed message when it has them (one parse of the same text)
-                known = message.get("tool_calls") or []
-                delta["tool_calls"] = []
-                for call in calls:
-                    wire = known[calls_sent] if calls_sent < len(known) else _openai_call(call)
-                    delta["tool_calls"].append({"index": calls_sent, **wire})
-                    calls_sent += 1
-        choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
-        if logprobs:
-            choice["logprobs"] = {"content": [logprob_entry(ids[k], result.logprobs[k], tokenizer)]}
-        if token_ids:
-            choice["token_ids"] = [ids[k]]
-        if delta.get("content") or delta.get("tool_calls") or logprobs or token_ids:
-            chunks.append(_chunk(completion_id, created, model, "chat.completion.chunk", choice))
-    chunks.append(_chunk(completion_id, created, model, "chat.completion.chunk",
-                         {"index": index, "delta": {}, "logprobs": None,
-                          "finish_reason": finish_reason(result, calls_sent > 0)}))
-    return chunks
-
-
-def _forced_chunks(completion_id: str, created: int, model: str, index: int, sample: Sample, message: dict[str, Any],
-                   tokenizer: Any, logprobs: bool, token_ids: bool) -> list[dict[str, Any]]:
-    ids, result = sample.result.token_ids, sample.result
-    chunks = [_chunk(completion_id, created, model, "chat.completion.chunk",
-                     {"index": index, "delta": {"role": "assistant", "content": None}, "logprobs": None,
-                      "finish_reason": None})]
-    for k, token in enumerate(ids):
-        delta: dict[str, Any] = {}
-        if k == len(ids) - 1:
-            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
-        choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
-        if logprobs:
-            choice["logprobs"] = {"content": [logprob_entry(token, result.logprobs[k], tokenizer)]}
-        if token_ids:
-            choice["token_ids"] = [token]
-        if delta or logprobs or token_ids:
-            chunks.append(_chunk(completion_id, created, model, "chat.completion.chunk", choice))
-    chunks.append(_chunk(completion_id, created, model, "chat.completion.chunk",
-                         {"index": index, "delta": {}, "logprobs": None, "finish_reason": "tool_calls"}))
-    return chunks
-
-
-def text_chunks(*, completion_id: str, created: int, model: str, index: int, sample: Sample, tokenizer: Any,
-                logprobs: bool, token_ids: bool) -> list[dict[str, Any]]:
-    """One sample's ``text_completion`` stream chunks: one per sampled token, then the finish reason."""
-    result = sample.result
-    ids = result.token_ids
-    final = sample.before_stop if sample.before_stop is not None else tokenizer.decode(list(ids),
-                                                                                       skip_special_tokens=True)
-    chunks, sent = [], ""
-    for k, text in enumerate(_text_prefixes(ids, tokenizer, final, strip=False)):
-        choice: dict[str, Any] = {"index": index, "text": text[len(sent):], "logprobs": None, "finish_reason": None}
-        if logprobs:
-            choice["logprobs"] = {"tokens": [tokenizer.decode([ids[k]], skip_special_tokens=False)],
-                                  "token_logprobs": [float(result.logprobs[k])], "top_logprobs": None,
-                                  "text_offset": [len(sent)]}
-        sent = text
-        if token_ids:
-            choice["token_ids"] = [ids[k]]
-        if choice["text"] or logprobs or token_ids:
-            chunks.append(_chunk(completion_id, created, model, "text_completion", choice))
-    chunks.append(_chunk(completion_id, created, model, "text_completion",
-                         {"index": index, "text": "", "logprobs": None, "finish_reason": finish_reason(result, False)}))
-    return chunks
-
-
-def usage_chunk(completion_id: str, created: int, model: str, obj: str, prompt_len: int,
-                samples: list[Sample]) -> dict[str, Any]:
-    """The last chunk when ``stream_options.include_usage``: no choices, the usage of the whole request."""
-    return {"id": completion_id, "object": obj, "created": created, "model": model, "choices": [],
-            "usage": _usage(prompt_len, [s.result for s in samples])}
-
-
-def sse(chunks: list[dict[str, Any]]) -> str:
-    """Server-sent events: one ``data:`` line per chunk, then ``[DONE]``."""
-    return "".join(f"data: {json.dumps(c, ensure_ascii=False)}\n\n" for c in chunks) + "data: [DONE]\n\n"

@@ -16,7 +16,7 @@ from ray import serve
 from transformers import AutoTokenizer
 
 from agents.records import AdapterRef, GenerateRequest, GenerateResult, SamplingParams
-from apps.driver import AdapterPublisher, MetricsSink
+from apps.publishing import AdapterPublisher, MetricsSink
 from apps.rollout import (ROLLOUT_DEPLOYMENT, RolloutAppArgs, build_app, delete_rollout_app, publish_adapter,
                           rollout_handle)
 from deployments.adapter_registry import get_adapter_registry

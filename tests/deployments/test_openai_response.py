@@ -12,13 +12,12 @@ from deployments.openai_protocol import (
     CompletionRequest,
     Sample,
     build_chat_completion,
-    chat_chunks,
     completion_message,
     forced_tool_message,
     forced_tool_schema,
-    text_chunks,
     text_completion,
 )
+from deployments.openai_stream import chat_chunks, text_chunks
 
 pytestmark = pytest.mark.unit
 
