@@ -198,23 +198,39 @@ def find_json_end(text: str, start: int) -> int | None:
 
     Tracks double- and single-quoted strings (Python-style dicts) so braces in values do not count.
     """
-    depth = 0
-    quote = ""
-    i = start
-    while i < len(text):
-        char = text[i]
-        if quote:
-            if char == "\\":
-                i += 1
-            elif char == quote:
-                quote = ""
-        elif char in "\"'":
-            quote = char
-        elif char in "{[":
-            depth += 1
-        elif char in "}]":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-        i += 1
-    return None
+    return BracketWalk(start).advance(text)
+
+
+class BracketWalk:
+    """``find_json_end``'s walk from ``start``, kept between calls: ``advance`` on the same text made longer goes on
+    where the last call stopped, so a stream reads each character of an unclosed candidate once."""
+
+    __slots__ = ("start", "_at", "_depth", "_quote")
+
+    def __init__(self, start: int):
+        self.start = start
+        self._at = start
+        self._depth = 0
+        self._quote = ""
+
+    def advance(self, text: str) -> int | None:
+        """Index just past the closing bracket, or None when ``text`` ends first."""
+        depth, quote, i = self._depth, self._quote, self._at
+        while i < len(text):
+            char = text[i]
+            if quote:
+                if char == "\\":
+                    i += 1
+                elif char == quote:
+                    quote = ""
+            elif char in "\"'":
+                quote = char
+            elif char in "{[":
+                depth += 1
+            elif char in "}]":
+                depth -= 1
+                if depth == 0:
+                    return i + 1
+            i += 1
+        self._depth, self._quote, self._at = depth, quote, i
+        return None

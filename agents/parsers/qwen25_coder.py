@@ -16,10 +16,10 @@ import re
 from dataclasses import dataclass, field
 
 from agents.parsers._common import (
+    BracketWalk,
     CallDecodeError,
     calls_from_value,
     decode_lenient,
-    find_json_end,
     join_content,
     looks_like_call,
     snippet,
@@ -41,6 +41,11 @@ _JSON_FENCE_LANGS = frozenset({"", "json", "json5", "jsonc"})
 _BARE_START_RE = re.compile(r"\{|\[\s*\{")
 # What models leave behind a bare call: a stray "}" or a closing tag whose opener they forgot.
 _TRAILING_JUNK_RE = re.compile(r"(?:\s*\})*(?:\s*</tool_call>|\s*</tools>)?")
+_CLOSING_TAGS = ("</tool_call>", "</tools>")
+_LONGEST_TAG = max(map(len, _CLOSING_TAGS))
+_SPACE_RE = re.compile(r"\s*")
+# A "[" that ends a stream's text may open a list of calls.
+_OPEN_LIST_AT_END_RE = re.compile(r"\[\s*\Z")
 # Each bare candidate costs a scan to its closing bracket; bounding them keeps a brace-heavy
 # output (code, LaTeX) linear. Real outputs have a handful.
 _MAX_BARE_CANDIDATES = 256
@@ -166,35 +171,88 @@ def _scan_bare(gap: str, found: _Collector) -> None:
     if "{" not in gap:
         found.pieces.append(gap)
         return
-    pos = 0  # start of the text not yet given to content
-    search_at = 0
-    for _ in range(_MAX_BARE_CANDIDATES):
-        start_match = _BARE_START_RE.search(gap, search_at)
-        if start_match is None:
-            break
-        start = start_match.start()
-        end = find_json_end(gap, start)
-        if end is None:
-            if looks_like_call(gap[start:]):  # generation stopped inside a call
-                found.pieces.append(gap[pos:start])
-                found.errors.append(f"unterminated JSON tool call: {snippet(gap[start:])}")
-                pos = len(gap)
-                break
-            search_at = start + 1
-            continue
-        read = read_bare(gap[start:end])
-        if read is None:
-            search_at = start + 1
-            continue
-        calls, error = read
-        if error is not None:
-            found.errors.append(error)
-        elif calls is None:
-            search_at = end  # an answer object: its insides are not calls either
-            continue
-        else:
-            found.calls.extend(calls)
-        found.pieces.append(gap[pos:start])
-        junk = _TRAILING_JUNK_RE.match(gap, end)
-        pos = search_at = junk.end() if junk else end
-    found.pieces.append(gap[pos:])
+    scan = BareScan(found)
+    scan.advance(gap, final=True)
+    found.pieces.append(gap[scan.pos :])
+
+
+class BareScan:
+    """The walk over plain text that finds bare JSON calls, kept between calls on a text that grows (a stream).
+
+    ``advance(gap, limit)`` walks ``gap`` (the text given before, made longer) from where the last call stopped, as
+    far as complete candidates decide, and returns the hold point: the start of the first candidate whose reading
+    still depends on text not there yet (unclosed, or closing past ``limit``, where the caller holds a marker), or
+    ``limit`` when nothing before it is pending. A call whose trailing junk may still grow holds from its end.
+    Each candidate is read once however many times ``advance`` is called. With ``final=True`` the text is complete
+    and the walk is the parser's own (``_scan_bare``). ``parsed(gap, hold)`` is what the parser makes of
+    ``gap[:hold]``: ``ToolCallStream`` releases it without parsing the text again.
+    """
+
+    def __init__(self, found: _Collector | None = None):
+        self.found = found if found is not None else _Collector()
+        self.pos = 0  # start of the text not yet given to content
+        self._search_at = 0  # where the next candidate is looked for
+        self._used = 0  # candidates read, against _MAX_BARE_CANDIDATES
+        self._open: BracketWalk | None = None  # the candidate being read, when its end was not there yet
+        self._junk_from: int | None = None  # the end of a call whose trailing junk may still grow
+        self._done = False
+
+    def advance(self, gap: str, limit: int | None = None, *, final: bool = False) -> int:
+        limit = len(gap) if limit is None else limit
+        if self._done or (self._junk_from is not None and not self._skip_junk(gap, final)):
+            return limit if self._done else self._junk_from
+        found = self.found
+        while self._used < _MAX_BARE_CANDIDATES:
+            if self._open is None:
+                match = _BARE_START_RE.search(gap, self._search_at)
+                if match is None or match.start() >= limit:
+                    opening = None if final or match else _OPEN_LIST_AT_END_RE.search(gap, self._search_at)
+                    return opening.start() if opening and opening.start() < limit else limit
+                self._open = BracketWalk(match.start())
+            start = self._open.start
+            end = self._open.advance(gap)
+            if end is None and not final or end is not None and end > limit:
+                return start  # may close later, or closes inside what the caller holds
+            self._open = None
+            self._used += 1
+            if end is None:
+                if looks_like_call(gap[start:]):  # generation stopped inside a call
+                    found.pieces.append(gap[self.pos : start])
+                    found.errors.append(f"unterminated JSON tool call: {snippet(gap[start:])}")
+                    self.pos, self._done = len(gap), True
+                    return limit
+                self._search_at = start + 1
+                continue
+            read = read_bare(gap[start:end])
+            if read is None:
+                self._search_at = start + 1
+                continue
+            calls, error = read
+            if error is not None:
+                found.errors.append(error)
+            elif calls is None:
+                self._search_at = end  # an answer object: its insides are not calls either
+                continue
+            else:
+                found.calls.extend(calls)
+            found.pieces.append(gap[self.pos : start])
+            self.pos = self._junk_from = end
+            if not self._skip_junk(gap, final):
+                return end
+        return limit
+
+    def _skip_junk(self, gap: str, final: bool) -> bool:
+        """Step over what a model leaves behind a call; False (and nothing moved) while more of it may follow."""
+        junk = _TRAILING_JUNK_RE.match(gap, self._junk_from)
+        if not final and "</" not in junk.group():
+            rest = _SPACE_RE.match(gap, junk.end()).end()  # a closing tag, or a part of one, may follow
+            if len(gap) - rest < _LONGEST_TAG and any(tag.startswith(gap[rest:]) for tag in _CLOSING_TAGS):
+                return False
+        self.pos = self._search_at = junk.end()
+        self._junk_from = None
+        return True
+
+    def parsed(self, gap: str, hold: int) -> ParsedToolCalls:
+        pieces = [*self.found.pieces, gap[self.pos : hold]]
+        found = self.found
+        return ParsedToolCalls(calls=list(found.calls), content=join_content(pieces), errors=list(found.errors))

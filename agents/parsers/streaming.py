@@ -15,8 +15,7 @@ import re
 from dataclasses import dataclass
 
 from agents.parsers import DEFAULT_FORMAT, get_parser, parse_tool_calls
-from agents.parsers._common import find_json_end
-from agents.parsers.qwen25_coder import read_bare
+from agents.parsers.qwen25_coder import BareScan
 from agents.records import ParsedToolCalls, ToolCall
 
 
@@ -51,9 +50,6 @@ _HOLD_RULES: dict[str, _HoldRule] = {
         tail_markers=("</tool_call>", "</tools>"),
     ),
 }
-# "{" or a list that may become a list of call objects ("[" at the very end counts).
-_JSON_START_RE = re.compile(r"\{|\[\s*(?:\{|\Z)")
-_MAX_JSON_CANDIDATES = 256
 # Text without any of these is prose to every parser: no markers, no JSON.
 _SYNTAX_CHARS = ("{", "[", "<", "`")
 
@@ -63,49 +59,37 @@ def hold_point(text: str, fmt: str = DEFAULT_FORMAT) -> int:
     return _scan(text, _HOLD_RULES[fmt])[0]
 
 
-def _scan(text: str, rule: _HoldRule) -> tuple[int, int]:
-    """(hold point, end of the last complete block before it; 0 if none)."""
+def _scan(text: str, rule: _HoldRule, bare: BareScan | None = None) -> tuple[int, int, BareScan | None]:
+    """(hold point, end of the last complete block before it (0 if none), the bare JSON walk over the text from
+    there to the hold point when the rule has one). ``bare``, a walk over ``text`` from earlier calls on a shorter
+    ``text``, goes on from where it stopped when ``text`` has no complete block."""
     pos = 0
     # str.find first: the block regex costs far more, and most deltas carry plain prose.
     blocks = rule.closed.finditer(text) if any(marker in text for marker in rule.markers) else ()
     for block in blocks:
-        hold = _hold_in_gap(text[pos : block.start()], rule)
+        gap = text[pos : block.start()]
+        hold, _ = _hold_in_gap(gap, rule, None)
         if hold is not None:
-            return pos + hold, pos
+            return pos + hold, pos, None
         pos = block.end()
     tail = text[pos:]
-    hold = _hold_in_gap(tail, rule)
+    hold, walk = _hold_in_gap(tail, rule, bare if pos == 0 else None)
     if hold is None:
         hold = _partial_marker_start(tail, rule.markers + rule.tail_markers)
-    return pos + hold, pos
+    return pos + hold, pos, walk
 
 
-def _hold_in_gap(gap: str, rule: _HoldRule) -> int | None:
+def _hold_in_gap(gap: str, rule: _HoldRule, bare: BareScan | None) -> tuple[int | None, BareScan | None]:
+    """Where a call may start in ``gap`` (None: nowhere), and the bare JSON walk that read it up to there.
+
+    A marker inside a balanced object (``{```"name": ...}``) must not split it: the parser reads the whole object as
+    one candidate, so the hold moves back to the start of a candidate that is unclosed or closes past the marker."""
     hold = min((i for i in (gap.find(marker) for marker in rule.markers) if i != -1), default=len(gap))
+    walk = None
     if rule.bare_json:
-        hold = _json_hold(gap, hold)
-    return None if hold == len(gap) else hold
-
-
-def _json_hold(gap: str, limit: int) -> int:
-    """Move ``limit`` back to the start of a JSON candidate that is unclosed or straddles it.
-
-    A marker inside a balanced object (``{```"name": ...}``) must not split it: the parser reads
-    the whole object as one candidate.
-    """
-    if "{" not in gap and "[" not in gap:
-        return limit
-    search_at = 0
-    for _ in range(_MAX_JSON_CANDIDATES):
-        match = _JSON_START_RE.search(gap, search_at)
-        if match is None or match.start() >= limit:
-            break
-        end = find_json_end(gap, match.start())
-        if end is None or end > limit:
-            return match.start()
-        # as the parser: a candidate it cannot read whole is searched inside for a call start
-        search_at = end if read_bare(gap[match.start():end]) is not None else match.start() + 1
-    return limit
+        walk = bare if bare is not None else BareScan()
+        hold = walk.advance(gap, hold)
+    return (None if hold == len(gap) else hold), walk
 
 
 def _partial_marker_start(text: str, markers: tuple[str, ...]) -> int:
@@ -129,7 +113,9 @@ class ToolCallStream:
 
     Text up to the end of the last complete block (``_base``) is parsed once and kept as its
     content and calls: the parsers read blocks independently, so what follows cannot change it.
-    Each step then parses only the text after it, which keeps a long stream linear.
+    Each step then looks only at the text after it, and for ``qwen25_coder`` the walk that reads bare JSON there
+    (``qwen25_coder.BareScan``) is kept from step to step: each object is read once, not once per step (a 3,600-token
+    answer with 400 JSON objects: 13.8 s of parsing when every step read them all again, 0.2 s with the walk kept).
     """
 
     def __init__(self, fmt: str = DEFAULT_FORMAT) -> None:
@@ -141,15 +127,18 @@ class ToolCallStream:
         self._base_content = ""
         self._base_calls: list[ToolCall] = []
         self._stable_end = -1
+        self._bare = BareScan() if self._rule.bare_json else None  # the bare JSON walk over the text from _base
         self._sent_content = ""
         self._sent_calls = 0
         self.finished = False
 
     def feed(self, current_text: str) -> StreamDelta:
         """Release what ``current_text`` (all text so far) makes final."""
+        if self._bare is not None and not current_text.startswith(self._text):
+            self._bare = BareScan()  # the text was rewritten, not extended: walk it again
         self._text = current_text
         tail = current_text[self._base :]
-        hold, last_block_end = _scan(tail, self._rule)
+        hold, last_block_end, walk = _scan(tail, self._rule, self._bare)
         if self._base + hold == self._stable_end:
             return StreamDelta()  # still inside the same held-back block: nothing new is final
         self._stable_end = self._base + hold
@@ -159,7 +148,10 @@ class ToolCallStream:
             self._base_content = _join(self._base_content, done.content)
             self._base_calls.extend(done.calls)
             tail, hold = tail[last_block_end:], hold - last_block_end
-        parsed = self._parse_plain(tail[:hold])
+            if self._bare is not None:
+                self._bare = walk or BareScan()  # a walk over the new tail, if the scan went that far
+        # the walk has read the tail up to the hold point: what the parser makes of it, without parsing it again
+        parsed = walk.parsed(tail, hold) if walk is not None and walk is self._bare else self._parse_plain(tail[:hold])
         return self._release(_join(self._base_content, parsed.content), self._base_calls + parsed.calls)
 
     def finish(self) -> StreamDelta:

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from agents.parsers import PARSERS
+from agents.parsers import PARSERS, qwen25_coder
+from agents.parsers.qwen25_coder import BareScan
 from agents.parsers.streaming import ToolCallStream
 from agents.records import ParsedToolCalls
 from tests.agents.parsers.golden_corpus import CORPUS
@@ -81,3 +82,25 @@ def test_stream_never_raises_and_releases_the_full_parse(fmt: str, text: str, ch
     delta = stream.finish()
     full = PARSERS[fmt](text)
     assert (content + delta.content, calls + list(delta.calls)) == (full.content, full.calls)
+
+
+def _without_markers(text: str) -> str:
+    while "```" in text or "<tool" in text:
+        text = text.replace("```", "").replace("<tool", "")
+    return text
+
+
+@pytest.mark.unit
+@settings(max_examples=200, deadline=None)
+@given(text=st.one_of(mutated(), syntax_text, several).map(_without_markers), chunk=st.integers(1, 9))
+def test_a_bare_json_walk_kept_across_a_growing_text_reads_it_as_the_parser(text: str, chunk: int):
+    """One ``BareScan`` advanced over longer and longer prefixes: at each, what it holds back and releases is the
+    parse of the text before its hold point; at the end it is the parse of the whole text."""
+    walk = BareScan()
+    for end in [*range(chunk, len(text), chunk), len(text)]:
+        hold = walk.advance(text[:end])
+        released, truncated = walk.parsed(text[:end], hold), qwen25_coder.parse(text[:hold])
+        assert (released.content, released.calls) == (truncated.content, truncated.calls), end
+    walk.advance(text, final=True)
+    whole, full = walk.parsed(text, len(text)), qwen25_coder.parse(text)
+    assert (whole.content, whole.calls, whole.errors) == (full.content, full.calls, full.errors)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from agents.parsers import PARSERS
+from agents.parsers import PARSERS, qwen25_coder
 from agents.parsers.streaming import ToolCallStream, hold_point
 from agents.records import ToolCall
 from tests.agents.parsers.golden_corpus import CORPUS
@@ -79,3 +79,18 @@ def test_stream_does_not_split_an_object_at_a_fence_inside_it():
     parsed = PARSERS["qwen25_coder"](text)
     assert (parsed.calls, parsed.content, len(parsed.errors)) == ([], "Next:", 1)
     assert _stream(text, "qwen25_coder", 1) == ("Next:", [])
+
+
+@pytest.mark.unit
+def test_a_long_stream_reads_each_bare_json_object_once(monkeypatch):
+    """The stream keeps its bare JSON walk from feed to feed: 100 objects streamed four characters at a time are
+    read once each by the stream and once more by ``finish``'s full parse (every feed used to read them all again)."""
+    reads = []
+    read_bare = qwen25_coder.read_bare
+    monkeypatch.setattr(qwen25_coder, "read_bare", lambda fragment: reads.append(fragment) or read_bare(fragment))
+    call = '{"name": "calculator", "arguments": {"expression": "6 * 7"}}'
+    text = "".join(f'step {i}: {{"lr": 0.{i}, "layers": [1, 2]}} then {call}\n' for i in range(50))
+    content, calls = _stream(text, "qwen25_coder", 4)
+    parsed = qwen25_coder.parse(text)
+    assert (content, calls) == (parsed.content, parsed.calls) and len(calls) == 50
+    assert len(reads) == 2 * 100 + 100  # the stream, finish, and the parse above
