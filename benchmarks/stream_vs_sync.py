@@ -20,12 +20,18 @@ same sequence of groups and lengths.
   (``stream.partial_rollout: false``): shows what one long generation costs every sync.
 - stream-abort: the older behaviour (``stream.abort_stale: true``): groups that can no longer be fresh are
   aborted or dropped. Faster per step because it trains shorter samples: the long-share columns show it.
+- stream-fixed: stream, but the data are exactly the ``steps x groups`` groups sync trains, so every one of them is
+  trained and the last steps wait for the set's slowest groups. Sync's wall time over stream-fixed's is the speed-up
+  on equal work with nothing dropped and no window edge: a stream cut off after ``steps`` steps leaves its slowest
+  (most often long) groups running, and trained tokens per second over such a window favours the short groups that
+  finished first (the "started" long share, next to "generated", shows how much).
 
 The headline is trained response tokens per wall second (steps 2..; the first includes warm-up everywhere).
 "Generated" long share is over the samples of every group whose generation ended (finished, aborted or
-dropped; not those still running when a mode stops), the long threshold the 90th percentile of those lengths. Last line: ``stream/sync trained tokens/s: X.XXx (long share trained A%
-vs generated B%) PASS|FAIL``; PASS when the ratio is >= 2.0 and stream's trained long share is within 2 points
-of the generated one.
+dropped; not those still running when a mode stops), the long threshold the 90th percentile of those lengths. Before
+the last line, the fixed-set wall times (``a fixed set of N groups, every one trained ...: stream/sync X.XXx``, no
+goal). Last line: ``stream/sync trained tokens/s: X.XXx (long share trained A% vs generated B%) PASS|FAIL``; PASS when
+the ratio is >= 2.0 and stream's trained long share is within 2 points of the generated one.
 
     python -m benchmarks.stream_vs_sync [--steps 8] [--groups 4] [--n 4] [--max-staleness 2]
 """
@@ -60,7 +66,7 @@ GOAL = "stream/sync trained tokens/s >= 2.0x, long share trained within 2 points
 
 VOCAB, PROMPT, MAX_RESPONSE = 1000, 48, 1024
 MODES: dict[str, SwapMode] = {"sync": "drain", "stream": "interrupt", "stream-drain": "drain",
-                             "stream-abort": "interrupt"}
+                             "stream-abort": "interrupt", "stream-fixed": "interrupt"}
 GOAL_RATIO, LONG_SHARE_POINTS = 2.0, 2.0
 
 
@@ -148,6 +154,7 @@ class Run:
         self.trained_lengths: list[int] = []
         self.trained_by_step: list[int] = []  # response tokens trained per step
         self.settled_groups: list[int] = []  # groups whose generation ended: finished, or aborted in flight
+        self.started_groups = 0  # groups whose generation started (0..started_groups - 1)
         self.sync_s: list[float] = []
         self.wait_s: list[float] = []  # waiting for rollouts (sync: generating the batch)
         self.train_s: list[float] = []  # GRPO step + writing the adapter
@@ -195,6 +202,7 @@ class Run:
         for step in range(1, self.steps + 1):
             started = time.perf_counter()
             self.settled_groups.extend(range(cursor, cursor + self.groups))
+            self.started_groups = cursor + self.groups
             groups = await asyncio.gather(*(self.group(cursor + g) for g in range(self.groups)))
             cursor += self.groups
             await self.learn([t for g in groups for t in g], step)
@@ -202,8 +210,11 @@ class Run:
             self.wait_s.append(times[-1] - self.train_s[-1] - self.sync_s[-1])
         return times
 
-    async def stream(self, max_staleness: int, abort_stale: bool) -> list[float]:
-        """As ``apps.coordinator``: admit tickets, start groups, sleep until a publish, a group's end or a drop."""
+    async def stream(self, max_staleness: int, abort_stale: bool, *, fixed_set: bool = False) -> list[float]:
+        """As ``apps.coordinator``: admit tickets, start groups, sleep until a publish, a group's end or a drop.
+        ``fixed_set``: the data are the ``steps x groups`` groups the sync run trains and no more, so the last steps
+        wait for that set's slowest groups, as sync does at every step."""
+        total = self.steps * self.groups if fixed_set else None
         admission = AdmissionController(self.groups, max_staleness, abort_stale=abort_stale)
         buffer = TrajectoryBuffer(self.groups, capacity_groups=4 * self.groups, max_staleness=max_staleness,
                                   drop_stale=abort_stale)
@@ -230,10 +241,11 @@ class Run:
             cursor = 0
             while not buffer.closed:
                 wake.clear()
-                tickets = admission.admit(64)
+                tickets = admission.admit(64 if total is None else total - cursor)
                 for ticket in tickets:
                     tasks[ticket.id] = (asyncio.create_task(produce(ticket.id, cursor)), f"g{cursor}")
                     cursor += 1
+                self.started_groups = cursor
                 if not tickets:
                     await wake.wait()
 
@@ -264,13 +276,16 @@ class Run:
             task.cancel()
         return times
 
-    def long_shares(self) -> tuple[float, float, float]:
-        """(threshold, trained long share, generated long share) over the groups whose generation ended (finished,
-        aborted or dropped; not those still running when the mode stopped): the threshold is the 90th percentile of
-        their samples' lengths."""
+    def long_shares(self) -> tuple[float, float, float, float]:
+        """(threshold, trained long share, generated long share, started long share). Generated: over the groups
+        whose generation ended (finished, aborted or dropped; not those still running when the mode stopped), the
+        threshold the 90th percentile of their samples' lengths. Started: over every group started, at the lengths
+        drawn for it; the groups still running at the end are more often long ones (short groups finish first)."""
         generated = [k for g in set(self.settled_groups) for k in lengths_for(g, self.n)]
         threshold = long_threshold(generated)
-        return threshold, long_share(self.trained_lengths, threshold), long_share(generated, threshold)
+        started = [k for g in range(self.started_groups) for k in lengths_for(g, self.n)]
+        return (threshold, long_share(self.trained_lengths, threshold), long_share(generated, threshold),
+                long_share(started, threshold))
 
 
 def main() -> None:
@@ -290,15 +305,17 @@ def main() -> None:
                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
                              tie_word_embeddings=True)
         Qwen2ForCausalLM(config).save_pretrained(model_dir)
-        results, shares = {}, {}
+        results, shares, walls = {}, {}, {}
         for mode, swap in MODES.items():
             engine = EngineProcess(model_dir, swap)
             run = Run(engine, model_dir, Path(tmp) / mode, args)
-            times = asyncio.run(run.sync() if mode == "sync" else run.stream(args.max_staleness, mode == "stream-abort"))
+            times = asyncio.run(run.sync() if mode == "sync" else
+                                run.stream(args.max_staleness, mode == "stream-abort", fixed_set=mode == "stream-fixed"))
             engine_stats = asyncio.run(engine.call("stats", "stats"))
             engine.close()
             results[mode] = sum(run.trained_by_step[1:]) / sum(times[1:])  # the first step includes warm-up
-            threshold, trained_long, generated_long = run.long_shares()
+            walls[mode] = sum(times)
+            threshold, trained_long, generated_long, started_long = run.long_shares()
             shares[mode] = (trained_long, generated_long)
             print(f"{mode:>12}: step times {[round(t, 2) for t in times]}  trained tokens/s (steps 2..) "
                   f"{results[mode]:.0f}\n"
@@ -306,15 +323,21 @@ def main() -> None:
                   f"{statistics.mean(run.train_s[1:]):.2f}s, weight sync {statistics.mean(run.sync_s[1:]):.2f}s; "
                   f"trained response length mean {statistics.mean(run.trained_lengths):.0f}; "
                   f"long share (> {threshold} tokens) trained {100 * trained_long:.1f}% vs generated "
-                  f"{100 * generated_long:.1f}%\n"
+                  f"{100 * generated_long:.1f}% (of the groups started: {100 * started_long:.1f}%)\n"
                   f"{'':>14}{run.accounting}; engine: {engine_stats['generated_tokens']} tokens generated, "
                   f"{engine_stats['decode_rows'] / max(engine_stats['steps'], 1):.1f} rows per decode step, "
-                  f"{engine_stats['recomputed_tokens']} tokens recomputed after weight syncs")
+                  f"{engine_stats['recomputed_tokens']} tokens recomputed after weight syncs; engine seconds: decode "
+                  f"{engine_stats['decode_s']:.1f}, prefill {engine_stats['prefill_s']:.1f}, recompute "
+                  f"{engine_stats['recompute_s']:.1f} of {sum(times):.1f} s wall")
     print(f"{args.groups} groups x {args.n} samples per step, max_staleness {args.max_staleness}, response lengths "
           f"85% 16-48 / 15% {MAX_RESPONSE // 2}-{MAX_RESPONSE} tokens")
     for mode in ("stream-drain", "stream-abort"):
         print(f"{mode}/sync trained tokens/s: {results[mode] / results['sync']:.2f}x "
               f"(long share trained {100 * shares[mode][0]:.1f}% vs generated {100 * shares[mode][1]:.1f}%)")
+    fixed = args.steps * args.groups
+    print(f"a fixed set of {fixed} groups, every one trained (the same groups and tokens): sync {walls['sync']:.1f} s, "
+          f"stream {walls['stream-fixed']:.1f} s: stream/sync {walls['sync'] / walls['stream-fixed']:.2f}x "
+          "(wall time, the first step's warm-up included in both)")
     ratio = results["stream"] / results["sync"]
     trained_long, generated_long = shares["stream"]
     ok = ratio >= GOAL_RATIO and abs(trained_long - generated_long) * 100 <= LONG_SHARE_POINTS

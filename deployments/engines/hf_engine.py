@@ -128,7 +128,7 @@ class HFEngine:
                        "interrupted_rows": 0, "recomputed_tokens": 0, "prefill_forwards": 0,
                        "prefill_padding": 0, "decode_padding": 0}
         # seconds in the worker thread, by phase: decode forwards, prefills (and prefix warming), cache merges
-        self._seconds = {"decode_s": 0.0, "prefill_s": 0.0, "merge_s": 0.0}
+        self._seconds = {"decode_s": 0.0, "prefill_s": 0.0, "merge_s": 0.0, "recompute_s": 0.0}
 
     @property
     def swaps_while_generating(self) -> bool:
@@ -145,7 +145,8 @@ class HFEngine:
         """Counters: steps, decode_rows (sum of batch sizes), max_batch_size, prefill tokens computed, shared
         (copied from an identical prompt's row) and cached (a stored prefix's keys and values reused), generated
         tokens, interrupted/recomputed, prefill forwards, padding forwarded by prefills (tokens) and attended over by
-        decode steps (cache positions summed over rows and steps); and seconds by phase (decode, prefill, merge)."""
+        decode steps (cache positions summed over rows and steps); and seconds by phase (decode, prefill, merge, and
+        recompute: rebuilding the running rows' cache after an interrupting swap)."""
         return {**self._stats, **{k: round(v, 3) for k, v in self._seconds.items()}}
 
     # ------------------------------------------------------------------ public API (event loop)
@@ -280,7 +281,9 @@ class HFEngine:
                     future.set_result(None)
         if changed and self._batch is not None:  # interrupt mode: the running rows go on with the new weights
             try:
+                started = time.perf_counter()
                 self._batch = await asyncio.to_thread(self._recompute, self._batch)
+                self._lap("recompute_s", started)
             except Exception as error:  # fault boundary, as in _run: fail these callers, keep serving
                 for request in self._batch.requests:
                     if not request.future.done():
