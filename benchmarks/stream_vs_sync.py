@@ -328,7 +328,7 @@ def main() -> None:
                   f"{engine_stats['decode_rows'] / max(engine_stats['steps'], 1):.1f} rows per decode step, "
                   f"{engine_stats['recomputed_tokens']} tokens recomputed after weight syncs; engine seconds: decode "
                   f"{engine_stats['decode_s']:.1f}, prefill {engine_stats['prefill_s']:.1f}, recompute "
-                  f"{engine_stats['recompute_s']:.1f} of {sum(times):.1f} s wall")
+                  f"{engine_stats['recompute_s']:.1f} of {walls[mode]:.1f} s wall")
     print(f"{args.groups} groups x {args.n} samples per step, max_staleness {args.max_staleness}, response lengths "
           f"85% 16-48 / 15% {MAX_RESPONSE // 2}-{MAX_RESPONSE} tokens")
     for mode in ("stream-drain", "stream-abort"):

@@ -114,8 +114,9 @@ class ToolCallStream:
     Text up to the end of the last complete block (``_base``) is parsed once and kept as its
     content and calls: the parsers read blocks independently, so what follows cannot change it.
     Each step then looks only at the text after it, and for ``qwen25_coder`` the walk that reads bare JSON there
-    (``qwen25_coder.BareScan``) is kept from step to step: each object is read once, not once per step (a 3,600-token
-    answer with 400 JSON objects: 13.8 s of parsing when every step read them all again, 0.2 s with the walk kept).
+    (``qwen25_coder.BareScan``) is kept from step to step: each object is read once, not once per step (a
+    21k-character answer with 400 JSON objects fed 4 characters at a time: 18.1 s of parsing when every step read them
+    all again, 0.28 s with the walk kept).
     """
 
     def __init__(self, fmt: str = DEFAULT_FORMAT) -> None:
