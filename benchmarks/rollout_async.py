@@ -39,6 +39,13 @@ keeps streaming episodes has no such end), next to the least time the drain take
 latest of each episode's start plus its tool latencies, minus the split): no engine and no scheduler can end the run
 sooner; and from it the most async/engine-bound could be on this run (every token before the split generated at the
 engine-bound run's rate, the drain no longer than its tool calls force).
+
+``--engine process`` puts the engine in its own process (one torch thread), as a rollout replica is in a real run,
+instead of a worker thread beside the agent loops. In one process the agents' Python (prompt deltas, parsing, tool
+calls) and the engine's step take turns at one GIL; with episodes arriving at every step (async) that contention slows
+the engine's steps, while the engine-bound run's turns arrive in cohorts between steps. The verdict keeps the
+in-process setting: its engine-bound limit is the faster one (in its own process the pipe staggers the arrivals:
+more, smaller prefills and merges).
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ from agents.chat import ChatDelta
 from agents.loops import AgentContext, Episode, LoopLimits, run_episode, sample_seed
 from agents.records import GenerateRequest, GenerateResult, ParsedToolCalls, SamplingParams, ToolCall
 from agents.tools.base import Tool
+from benchmarks.engine_process import EngineProcess
 
 GOAL = "async/verl-sync >= 1.5x and async/engine-bound >= 0.9x at sigma 1.0"
 
@@ -302,7 +310,7 @@ async def run_mode(name: str, engine: Any, chat: ChatDelta, episodes: list[Episo
             tool_bound[0] = max(tool_bound[0], time.perf_counter() - started + waits)
             if episode is episodes[-1] and shape == "async":
                 now = time.perf_counter()
-                stats = engine.stats
+                stats = await stats_of(engine)
                 full.append((now - started, done[0], recorder.busy_until(now),
                              {key: stats[key] - before[key] for key in stats}))
             try:
@@ -312,7 +320,7 @@ async def run_mode(name: str, engine: Any, chat: ChatDelta, episodes: list[Episo
                 if barrier is not None:
                     barrier.leave()
 
-    before = dict(engine.stats)
+    before = dict(await stats_of(engine))
     started = time.perf_counter()
     if shape in ("verl", "lockstep"):
         for first in range(0, len(episodes), concurrency):
@@ -324,22 +332,39 @@ async def run_mode(name: str, engine: Any, chat: ChatDelta, episodes: list[Episo
         ctx = context(generator)
         await asyncio.gather(*(one(ctx, e, None) for e in episodes))
     wall = time.perf_counter() - started
-    after = engine.stats
+    after = await stats_of(engine)
     return RunResult(name, wall, len(episodes), recorder.busy_s, sum(recorder.turn_s) / len(recorder.turn_s),
                      {key: after[key] - before[key] for key in after}, full[0] if full else None, tool_bound[0])
 
 
-def _engine(model_dir: Path, batch: int) -> Any:
+async def stats_of(engine: Any) -> dict[str, float]:
+    """The engine's counters: read in place from the in-process engine, asked for over the pipe from its own process."""
+    return await engine.stats() if isinstance(engine, EngineProcess) else engine.stats
+
+
+def _engine(model_dir: Path, batch: int, where: str) -> Any:
+    """``thread``: the engine in this process, its steps in a worker thread, the agents' Python beside them at one GIL
+    (the verdict's setting; the faster engine-bound limit, since no pipe staggers arrivals). ``process``: the engine in
+    its own process with one torch thread, as a rollout replica is in a real run (``benchmarks.engine_process``)."""
     from deployments.engines.hf_engine import HFEngine
 
-    return HFEngine(str(model_dir), max_model_len=8192, max_batch_size=batch, eos_token_ids=())
+    kwargs = dict(max_model_len=8192, max_batch_size=batch, eos_token_ids=())
+    return EngineProcess(model_dir, **kwargs) if where == "process" else HFEngine(str(model_dir), **kwargs)
 
 
 async def main_async(args: argparse.Namespace) -> dict[float, list[RunResult]]:
+    model_dir = Path(args.model) if args.model else _build_model()
+    engine = _engine(model_dir, args.max_batch_size, args.engine)
+    try:
+        return await _modes(args, model_dir, engine)
+    finally:
+        if isinstance(engine, EngineProcess):
+            engine.close()
+
+
+async def _modes(args: argparse.Namespace, model_dir: Path, engine: Any) -> dict[float, list[RunResult]]:
     from transformers import AutoTokenizer
 
-    model_dir = Path(args.model) if args.model else _build_model()
-    engine = _engine(model_dir, args.max_batch_size)
     chat = ChatDelta(AutoTokenizer.from_pretrained(model_dir))
     episodes = make_episodes(args.episodes)
     common = dict(concurrency=args.concurrency, tool_turns=args.tool_turns, tokens_per_turn=args.tokens_per_turn)
@@ -352,7 +377,8 @@ async def main_async(args: argparse.Namespace) -> dict[float, list[RunResult]]:
     # (batch slots / turns per second); an episode's own generate latency would also count queueing.
     turns = len(episodes) * (args.tool_turns + 1)
     median_s = args.max_batch_size * limit.wall_s / turns
-    print(f"tool latency: lognormal, median {median_s * 1000:.0f} ms (= one generation turn)")
+    print(f"engine: {'in its own process' if args.engine == 'process' else 'in this process (a worker thread)'}; "
+          f"tool latency: lognormal, median {median_s * 1000:.0f} ms (= one generation turn)")
     runs: dict[float, list[RunResult]] = {}
     rounds: list[tuple[RunResult, RunResult, RunResult]] = []
     for sigma in args.sigmas:
@@ -390,6 +416,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens-per-turn", type=int, default=16)
     parser.add_argument("--sigmas", type=float, nargs="+", default=[0.5, 1.0, 1.5],
                         help="lognormal sigmas of the tool latency; the verdict is taken at 1.0")
+    parser.add_argument("--engine", choices=("thread", "process"), default="thread",
+                        help="thread: the engine in this process (the verdict's setting); process: in its own process, "
+                             "as a rollout replica (the agents' Python no longer shares the engine's GIL)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds of engine-bound, async and verl-sync at sigma 1.0, each in a rotated order")
     args = parser.parse_args(argv)

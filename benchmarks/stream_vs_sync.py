@@ -40,22 +40,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import multiprocessing as mp
 import random
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from agents.records import AdapterRef, SamplingParams, Trajectory
+from benchmarks.engine_process import EngineProcess
 from configs import load_config
-from deployments.engines.hf_engine import HFEngine, SwapMode
+from deployments.engines.hf_engine import SwapMode
 from trainers.admission import AdmissionController
 from trainers.buffer import TrajectoryBuffer, long_share, long_threshold
 from trainers.model import build_policy, gather_adapter, save_adapter
@@ -73,78 +71,6 @@ GOAL_RATIO, LONG_SHARE_POINTS = 2.0, 2.0
 def lengths_for(group: int, n: int) -> list[int]:
     rng = random.Random(group)
     return [rng.randint(MAX_RESPONSE // 2, MAX_RESPONSE) if rng.random() < 0.15 else rng.randint(16, 48) for _ in range(n)]
-
-
-def serve_engine(model_dir: str, swap: SwapMode, requests: Any, replies: Any) -> None:
-    """The rollout process: an ``HFEngine`` answering ``(key, "generate" | "load" | "stats" | "cancel", args)`` messages."""
-    torch.set_num_threads(1)
-    engine = HFEngine(model_dir, max_model_len=PROMPT + MAX_RESPONSE + 8, max_batch_size=64, eos_token_ids=[],
-                      swap=swap)
-
-    async def answer(key: str, kind: str, args: tuple) -> None:
-        if kind == "load":
-            replies.send((key, await engine.load_adapter(AdapterRef(version=args[0], path=args[1]))))
-        elif kind == "stats":
-            replies.send((key, engine.stats))
-        else:
-            replies.send((key, await engine.generate(args[0], args[1], key)))
-
-    async def loop() -> None:
-        tasks: dict[str, asyncio.Task] = {}
-        while (message := await asyncio.to_thread(requests.recv)) is not None:
-            key, kind, _ = message
-            if kind == "cancel":  # the caller gave up: the engine frees the row
-                if key in tasks:
-                    tasks[key].cancel()
-                continue
-            tasks[key] = asyncio.create_task(answer(*message))
-            tasks[key].add_done_callback(lambda _, key=key: tasks.pop(key, None))
-        for task in tasks.values():  # generations still running when the mode ended: nobody awaits them
-            task.cancel()
-        await asyncio.gather(*tasks.values(), return_exceptions=True)
-        await engine.close()
-
-    asyncio.run(loop())
-
-
-class EngineProcess:
-    """The learner's side of ``serve_engine``: calls as awaitables, replies read by a thread."""
-
-    def __init__(self, model_dir: Path, swap: SwapMode):
-        ctx = mp.get_context("spawn")
-        child_requests, self._requests = ctx.Pipe(duplex=False)
-        self._replies, child_replies = ctx.Pipe(duplex=False)
-        self._process = ctx.Process(target=serve_engine, args=(str(model_dir), swap, child_requests, child_replies),
-                                    daemon=True)
-        self._process.start()
-        self._pending: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        while True:
-            try:
-                key, output = self._replies.recv()
-            except (EOFError, OSError):
-                return
-            loop, future = self._pending.pop(key)
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(future.set_result, output)
-
-    async def call(self, key: str, kind: str, *args: Any) -> Any:
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self._pending[key] = (loop, future)
-        self._requests.send((key, kind, args))
-        try:
-            return await future
-        except asyncio.CancelledError:
-            self._pending.pop(key, None)
-            self._requests.send((key, "cancel", ()))
-            raise
-
-    def close(self) -> None:
-        self._requests.send(None)
-        self._process.join(timeout=30)
 
 
 class Run:
@@ -176,8 +102,8 @@ class Run:
         prompt = tuple(random.Random(10_000 + index).randrange(VOCAB) for _ in range(PROMPT))
 
         async def sample(i: int, length: int) -> Trajectory:
-            out = await self.engine.call(f"g{index}-{i}", "generate", prompt,
-                                         SamplingParams(max_new_tokens=length, seed=index * 100 + i))
+            out = await self.engine.generate(prompt, SamplingParams(max_new_tokens=length, seed=index * 100 + i),
+                                             f"g{index}-{i}")
             return Trajectory(trajectory_id=f"g{index}-{i}", group_id=f"g{index}", prompt_ids=prompt,
                               response_ids=out.token_ids, response_mask=(1,) * len(out.token_ids),
                               rollout_logprobs=out.logprobs, reward=float((index + i) % 2),
@@ -194,7 +120,7 @@ class Run:
         path = await asyncio.to_thread(save_adapter, self.model, gather_adapter(self.model), self.adapter_dir / f"v{step}")
         self.train_s.append(time.perf_counter() - started)
         started = time.perf_counter()
-        await self.engine.call(f"load-{step}", "load", step, str(path))
+        await self.engine.load_adapter(AdapterRef(version=step, path=str(path)))
         self.sync_s.append(time.perf_counter() - started)
 
     async def sync(self) -> list[float]:
@@ -307,11 +233,12 @@ def main() -> None:
         Qwen2ForCausalLM(config).save_pretrained(model_dir)
         results, shares, walls = {}, {}, {}
         for mode, swap in MODES.items():
-            engine = EngineProcess(model_dir, swap)
+            engine = EngineProcess(model_dir, max_model_len=PROMPT + MAX_RESPONSE + 8, max_batch_size=64,
+                                   eos_token_ids=[], swap=swap)
             run = Run(engine, model_dir, Path(tmp) / mode, args)
             times = asyncio.run(run.sync() if mode == "sync" else
                                 run.stream(args.max_staleness, mode == "stream-abort", fixed_set=mode == "stream-fixed"))
-            engine_stats = asyncio.run(engine.call("stats", "stats"))
+            engine_stats = asyncio.run(engine.stats())
             engine.close()
             results[mode] = sum(run.trained_by_step[1:]) / sum(times[1:])  # the first step includes warm-up
             walls[mode] = sum(times)
