@@ -82,11 +82,21 @@ class EngineProcess:
         while True:
             try:
                 key, ok, value = self._replies.recv()
-            except (EOFError, OSError):
+            except (EOFError, OSError):  # the engine process is gone: no pending call will be answered
+                gone = RuntimeError(f"the engine process exited (exit code {self._process.exitcode})")
+                for key in list(self._pending):
+                    self._hand_over(key, False, gone)
                 return
-            loop, future = self._pending.pop(key, (None, None))
-            if future is not None and not loop.is_closed():
-                loop.call_soon_threadsafe(_settle, future, ok, value)
+            self._hand_over(key, ok, value)
+
+    def _hand_over(self, key: str, ok: bool, value: Any) -> None:
+        loop, future = self._pending.pop(key, (None, None))
+        if future is None:
+            return
+        try:
+            loop.call_soon_threadsafe(_settle, future, ok, value)
+        except RuntimeError:  # that event loop has closed: nobody awaits the reply
+            pass
 
     def _send(self, message: Any) -> None:
         with self._send_lock:
@@ -118,7 +128,10 @@ class EngineProcess:
         return await self.call("stats")
 
     def close(self) -> None:
-        self._send(None)
+        try:
+            self._send(None)
+        except OSError:  # it has exited already
+            pass
         self._process.join(timeout=30)
         if self._process.is_alive():
             self._process.kill()

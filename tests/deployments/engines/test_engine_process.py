@@ -68,3 +68,20 @@ def test_a_cancelled_call_frees_its_row(engine_process: EngineProcess) -> None:
     before, first, later = run(body())
     assert first - before < 4000  # the long request stopped early
     assert later == first  # and nothing decodes any more
+
+
+def test_calls_fail_when_the_engine_process_dies(tiny_model_dir: Path) -> None:
+    engine = EngineProcess(tiny_model_dir, max_model_len=4096, eos_token_ids=())
+    long = SamplingParams(temperature=1.0, max_new_tokens=4000, seed=2)
+
+    async def body():
+        task = asyncio.create_task(engine.generate(PROMPTS[2], long, "doomed-1"))
+        await engine.stats()  # the process is up and serving
+        engine._process.kill()
+        with pytest.raises(RuntimeError, match="the engine process exited"):
+            await asyncio.wait_for(task, timeout=30)
+
+    try:
+        run(body())
+    finally:
+        engine.close()
