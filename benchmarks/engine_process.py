@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
+import pickle
 import threading
 from pathlib import Path
 from typing import Any, Sequence
@@ -40,6 +41,10 @@ def _serve(model_dir: str, num_threads: int, engine_kwargs: dict[str, Any], requ
         except asyncio.CancelledError:
             raise
         except Exception as error:  # fault boundary: the caller gets the error, the engine keeps serving
+            try:
+                pickle.loads(pickle.dumps(error))
+            except Exception:  # an error that cannot cross the pipe still reaches its caller, by type and message
+                error = RuntimeError(f"{type(error).__name__}: {error}")
             replies.send((key, False, error))
         else:
             replies.send((key, True, value))
@@ -53,7 +58,7 @@ def _serve(model_dir: str, num_threads: int, engine_kwargs: dict[str, Any], requ
                     tasks[key].cancel()
                 continue
             tasks[key] = asyncio.create_task(answer(*message))
-            tasks[key].add_done_callback(lambda _, key=key: tasks.pop(key, None))
+            tasks[key].add_done_callback(lambda task, key=key: tasks.pop(key) if tasks.get(key) is task else None)
         for task in tasks.values():  # generations still running when the benchmark ended: nobody awaits them
             task.cancel()
         await asyncio.gather(*tasks.values(), return_exceptions=True)
@@ -83,6 +88,7 @@ class EngineProcess:
             try:
                 key, ok, value = self._replies.recv()
             except (EOFError, OSError):  # the engine process is gone: no pending call will be answered
+                self._process.join(timeout=1)
                 gone = RuntimeError(f"the engine process exited (exit code {self._process.exitcode})")
                 for key in list(self._pending):
                     self._hand_over(key, False, gone)
@@ -110,12 +116,19 @@ class EngineProcess:
             raise ValueError(f"request {key!r} is already in flight in the engine process")
         future = asyncio.get_running_loop().create_future()
         self._pending[key] = (asyncio.get_running_loop(), future)
-        self._send((key, kind, args))
+        try:
+            self._send((key, kind, args))
+        except BaseException:
+            self._pending.pop(key, None)
+            raise
         try:
             return await future
         except asyncio.CancelledError:
             self._pending.pop(key, None)
-            self._send((key, "cancel", ()))
+            try:
+                self._send((key, "cancel", ()))
+            except OSError:  # the engine process is gone: nothing to cancel
+                pass
             raise
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams, request_id: str) -> EngineOutput:

@@ -44,8 +44,9 @@ engine-bound run's rate, the drain no longer than its tool calls force).
 instead of a worker thread beside the agent loops. In one process the agents' Python (prompt deltas, parsing, tool
 calls) and the engine's step take turns at one GIL; with episodes arriving at every step (async) that contention slows
 the engine's steps, while the engine-bound run's turns arrive in cohorts between steps. The verdict keeps the
-in-process setting: its engine-bound limit is the faster one (in its own process the pipe staggers the arrivals:
-more, smaller prefills and merges).
+in-process setting: its engine-bound limit is the faster one (in its own process the engine runs one torch thread
+instead of torch's default, and the pipe staggers the arrivals: more, smaller prefills and merges; the two are not
+measured apart).
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ QUESTIONS = ["How many customers live in Austin?", "What is 17 times 23?", "List
 
 
 class EngineGenerator:
-    """``Generator`` over an in-process engine that records how long the engine had work."""
+    """``Generator`` over an engine (in this process or its own) that records how long the engine had work."""
 
     def __init__(self, engine: Any):
         self.engine = engine
