@@ -22,7 +22,8 @@ from deployments.engines.base import EngineOutput
 
 def _serve(model_dir: str, num_threads: int, engine_kwargs: dict[str, Any], requests: Any, replies: Any) -> None:
     """The engine process: answers ``(key, kind, args)`` messages, kind one of generate, load, stats, cancel;
-    ``None`` ends it. Each reply is ``(key, ok, value)``: a result, or the exception the call raised."""
+    ``None`` ends it. Each reply is ``(key, ok, payload)``: a result, or the exception the call raised, pickled apart
+    from the key, so a reply the caller's side cannot read fails that one call and no other."""
     import torch
 
     from deployments.engines.hf_engine import HFEngine
@@ -45,9 +46,9 @@ def _serve(model_dir: str, num_threads: int, engine_kwargs: dict[str, Any], requ
                 pickle.loads(pickle.dumps(error))
             except Exception:  # an error that cannot cross the pipe still reaches its caller, by type and message
                 error = RuntimeError(f"{type(error).__name__}: {error}")
-            replies.send((key, False, error))
+            replies.send((key, False, pickle.dumps(error)))
         else:
-            replies.send((key, True, value))
+            replies.send((key, True, pickle.dumps(value)))
 
     async def loop() -> None:
         tasks: dict[str, asyncio.Task] = {}
@@ -86,13 +87,18 @@ class EngineProcess:
     def _read(self) -> None:
         while True:
             try:
-                key, ok, value = self._replies.recv()
+                key, ok, payload = self._replies.recv()
             except (EOFError, OSError):  # the engine process is gone: no pending call will be answered
                 self._process.join(timeout=1)
                 gone = RuntimeError(f"the engine process exited (exit code {self._process.exitcode})")
                 for key in list(self._pending):
                     self._hand_over(key, False, gone)
                 return
+            try:
+                value = pickle.loads(payload)
+            except Exception as error:  # e.g. a class this process cannot import: that caller learns why
+                ok, value = False, RuntimeError(f"the engine's reply to {key!r} could not be read here: "
+                                                f"{type(error).__name__}: {error}")
             self._hand_over(key, ok, value)
 
     def _hand_over(self, key: str, ok: bool, value: Any) -> None:

@@ -2,6 +2,7 @@
 
     python -m benchmarks.rollout_async [--episodes 512] [--concurrency 128] [--max-batch-size 32] [--tool-turns 3]
                                        [--tokens-per-turn 16] [--sigmas 0.5 1.0 1.5] [--rounds 3]
+                                       [--engine thread|process] [--torch-threads N]
 
 Runs of the same episodes (same prompts, same per-sample seeds, same tool latencies) through the same
 ``tool_agent`` loop and one in-process ``HFEngine`` on the tiny model:
@@ -40,13 +41,13 @@ latest of each episode's start plus its tool latencies, minus the split): no eng
 sooner; and from it the most async/engine-bound could be on this run (every token before the split generated at the
 engine-bound run's rate, the drain no longer than its tool calls force).
 
-``--engine process`` puts the engine in its own process (one torch thread), as a rollout replica is in a real run,
-instead of a worker thread beside the agent loops. In one process the agents' Python (prompt deltas, parsing, tool
-calls) and the engine's step take turns at one GIL; with episodes arriving at every step (async) that contention slows
-the engine's steps, while the engine-bound run's turns arrive in cohorts between steps. The verdict keeps the
-in-process setting: its engine-bound limit is the faster one (in its own process the engine runs one torch thread
-instead of torch's default, and the pipe staggers the arrivals: more, smaller prefills and merges; the two are not
-measured apart).
+``--engine process`` puts the engine in its own process, as a rollout replica is in a real run, instead of a worker
+thread beside the agent loops; ``--torch-threads`` sets its torch threads in either setting (default: torch's default
+here, one in its own process). In one process the agents' Python (prompt deltas, parsing, tool calls) and the engine's
+step take turns at one GIL; with episodes arriving at every step (async) that contention slows the engine's steps,
+while the engine-bound run's turns arrive in cohorts between steps. Measured at equal thread counts, the engine in its
+own process closes the full-phase gap at 1 and at 2 threads (README). The verdict keeps the in-process setting: its
+engine-bound limit is the faster one (through the pipe the arrivals are staggered: more, smaller prefills and merges).
 """
 
 from __future__ import annotations
@@ -343,19 +344,34 @@ async def stats_of(engine: Any) -> dict[str, float]:
     return await engine.stats() if isinstance(engine, EngineProcess) else engine.stats
 
 
-def _engine(model_dir: Path, batch: int, where: str) -> Any:
+def torch_threads(args: argparse.Namespace) -> int:
+    """The engine's torch threads: ``--torch-threads``, else torch's default here (thread) or one (process)."""
+    import torch
+
+    if args.torch_threads is not None:
+        return args.torch_threads
+    return torch.get_num_threads() if args.engine == "thread" else 1
+
+
+def _engine(model_dir: Path, batch: int, where: str, threads: int) -> Any:
     """``thread``: the engine in this process, its steps in a worker thread, the agents' Python beside them at one GIL
     (the verdict's setting; the faster engine-bound limit, since no pipe staggers arrivals). ``process``: the engine in
-    its own process with one torch thread, as a rollout replica is in a real run (``benchmarks.engine_process``)."""
+    its own process, as a rollout replica is in a real run (``benchmarks.engine_process``). ``threads``: its torch
+    threads (in this process: set for the whole process)."""
+    import torch
+
     from deployments.engines.hf_engine import HFEngine
 
     kwargs = dict(max_model_len=8192, max_batch_size=batch, eos_token_ids=())
-    return EngineProcess(model_dir, **kwargs) if where == "process" else HFEngine(str(model_dir), **kwargs)
+    if where == "process":
+        return EngineProcess(model_dir, num_threads=threads, **kwargs)
+    torch.set_num_threads(threads)
+    return HFEngine(str(model_dir), **kwargs)
 
 
 async def main_async(args: argparse.Namespace) -> dict[float, list[RunResult]]:
     model_dir = Path(args.model) if args.model else _build_model()
-    engine = _engine(model_dir, args.max_batch_size, args.engine)
+    engine = _engine(model_dir, args.max_batch_size, args.engine, torch_threads(args))
     try:
         return await _modes(args, model_dir, engine)
     finally:
@@ -378,7 +394,8 @@ async def _modes(args: argparse.Namespace, model_dir: Path, engine: Any) -> dict
     # (batch slots / turns per second); an episode's own generate latency would also count queueing.
     turns = len(episodes) * (args.tool_turns + 1)
     median_s = args.max_batch_size * limit.wall_s / turns
-    print(f"engine: {'in its own process' if args.engine == 'process' else 'in this process (a worker thread)'}; "
+    print(f"engine: {'in its own process' if args.engine == 'process' else 'in this process (a worker thread)'}, "
+          f"{torch_threads(args)} torch thread(s); "
           f"tool latency: lognormal, median {median_s * 1000:.0f} ms (= one generation turn)")
     runs: dict[float, list[RunResult]] = {}
     rounds: list[tuple[RunResult, RunResult, RunResult]] = []
@@ -420,11 +437,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--engine", choices=("thread", "process"), default="thread",
                         help="thread: the engine in this process (the verdict's setting); process: in its own process, "
                              "as a rollout replica (the agents' Python no longer shares the engine's GIL)")
+    parser.add_argument("--torch-threads", type=int, default=None,
+                        help="the engine's torch threads (default: torch's default for thread, 1 for process); set it "
+                             "to compare the two settings at one thread count")
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds of engine-bound, async and verl-sync at sigma 1.0, each in a rotated order")
     args = parser.parse_args(argv)
     if VERDICT_SIGMA not in args.sigmas:
         parser.error(f"--sigmas must include {VERDICT_SIGMA} (the verdict's sigma)")
+    if args.torch_threads is not None and args.torch_threads < 1:
+        parser.error(f"--torch-threads must be >= 1, got {args.torch_threads}")
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
     by_sigma = asyncio.run(main_async(args))
