@@ -43,10 +43,11 @@ def _serve(model_dir: str, num_threads: int, engine_kwargs: dict[str, Any], requ
             raise
         except Exception as error:  # fault boundary: the caller gets the error, the engine keeps serving
             try:
-                pickle.loads(pickle.dumps(error))
+                payload = pickle.dumps(error)
+                pickle.loads(payload)
             except Exception:  # an error that cannot cross the pipe still reaches its caller, by type and message
-                error = RuntimeError(f"{type(error).__name__}: {error}")
-            replies.send((key, False, pickle.dumps(error)))
+                payload = pickle.dumps(RuntimeError(f"{type(error).__name__}: {error}"))
+            replies.send((key, False, payload))
         else:
             replies.send((key, True, pickle.dumps(value)))
 

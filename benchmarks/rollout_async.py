@@ -344,15 +344,6 @@ async def stats_of(engine: Any) -> dict[str, float]:
     return await engine.stats() if isinstance(engine, EngineProcess) else engine.stats
 
 
-def torch_threads(args: argparse.Namespace) -> int:
-    """The engine's torch threads: ``--torch-threads``, else torch's default here (thread) or one (process)."""
-    import torch
-
-    if args.torch_threads is not None:
-        return args.torch_threads
-    return torch.get_num_threads() if args.engine == "thread" else 1
-
-
 def _engine(model_dir: Path, batch: int, where: str, threads: int) -> Any:
     """``thread``: the engine in this process, its steps in a worker thread, the agents' Python beside them at one GIL
     (the verdict's setting; the faster engine-bound limit, since no pipe staggers arrivals). ``process``: the engine in
@@ -371,7 +362,7 @@ def _engine(model_dir: Path, batch: int, where: str, threads: int) -> Any:
 
 async def main_async(args: argparse.Namespace) -> dict[float, list[RunResult]]:
     model_dir = Path(args.model) if args.model else _build_model()
-    engine = _engine(model_dir, args.max_batch_size, args.engine, torch_threads(args))
+    engine = _engine(model_dir, args.max_batch_size, args.engine, args.torch_threads)
     try:
         return await _modes(args, model_dir, engine)
     finally:
@@ -395,7 +386,7 @@ async def _modes(args: argparse.Namespace, model_dir: Path, engine: Any) -> dict
     turns = len(episodes) * (args.tool_turns + 1)
     median_s = args.max_batch_size * limit.wall_s / turns
     print(f"engine: {'in its own process' if args.engine == 'process' else 'in this process (a worker thread)'}, "
-          f"{torch_threads(args)} torch thread(s); "
+          f"{args.torch_threads} torch thread(s); "
           f"tool latency: lognormal, median {median_s * 1000:.0f} ms (= one generation turn)")
     runs: dict[float, list[RunResult]] = {}
     rounds: list[tuple[RunResult, RunResult, RunResult]] = []
@@ -445,7 +436,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if VERDICT_SIGMA not in args.sigmas:
         parser.error(f"--sigmas must include {VERDICT_SIGMA} (the verdict's sigma)")
-    if args.torch_threads is not None and args.torch_threads < 1:
+    if args.torch_threads is None:  # torch's default here for the engine in this process, one in its own
+        import torch
+
+        args.torch_threads = torch.get_num_threads() if args.engine == "thread" else 1
+    if args.torch_threads < 1:
         parser.error(f"--torch-threads must be >= 1, got {args.torch_threads}")
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
