@@ -9,6 +9,8 @@ SHELL := /bin/bash
 # Machines whose pip config lists local package folders (file:// indexes) print one "Location ... is ignored"
 # warning per package those folders lack: ~240 lines of a fresh install. Only that message is dropped.
 QUIET_PIP := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+# when make started (before any install it does): `make test` ends with its wall time
+STARTED := $(shell date +%s)
 
 .PHONY: setup demo test test-fast fuzz test-vllm bench readme-check clean
 
@@ -37,9 +39,11 @@ $(STAMP): setup.cfg pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python -m apps.demo
 
-# unit + integration; gpu tests skip themselves with a reason when no GPU is present.
+# unit + integration; gpu tests skip themselves with a reason when no GPU is present. Two xdist workers: the tests that
+# start their own Ray clusters (marker own_cluster) beside the rest, which share one session cluster (tests/conftest.py).
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS); code=$$?; \
+	echo "make test: $$(( $$(date +%s) - $(STARTED) )) s wall, install included (exit $$code)"; exit $$code
 
 # the fast tier (< 2 minutes): everything but slow tests.
 test-fast: $(STAMP)

@@ -1,6 +1,6 @@
-"""Work that a selected test waits for, started when the session is collected (tests/conftest.py) in a process of its
-own at low CPU priority (nice 10): it runs while the first tests, single-threaded ones, leave a core of this 2-core box
-idle, instead of in the waiting test's own time. Each keeps its output in a log file named in its errors."""
+"""Work that a selected test waits for, started with the first session-cluster test (tests/conftest.py) in a process of
+its own at low CPU priority (nice 10): it runs while the first tests, single-threaded ones, leave a core of this 2-core
+box idle, instead of in the waiting test's own time. Each keeps its output in a log file named in its errors."""
 
 from __future__ import annotations
 
@@ -41,6 +41,8 @@ class Background:
 
 # by the name of the fixture that waits for it
 STARTED = pytest.StashKey[dict[str, Background]]()
+# the fixtures the selected session-cluster tests use (set when the session is collected)
+WANTED = pytest.StashKey[set[str]]()
 
 
 def started(request: pytest.FixtureRequest) -> Background:

@@ -45,6 +45,16 @@ def qwen_tokenizer_dir() -> Path:
     return folder
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """``TANDEM_TEST_PROFILE=<file>``: record where the time goes (tests/profile_plugin.py)."""
+    path = os.environ.get("TANDEM_TEST_PROFILE")
+    worker = getattr(config, "workerinput", {}).get("workerid")  # pytest-xdist: each worker writes its own file
+    if path and (worker or not getattr(config.option, "numprocesses", None)):  # not the xdist controller: it runs none
+        from tests.profile_plugin import Profile
+
+        config.pluginmanager.register(Profile(Path(f"{path}.{worker}" if worker else path)), "tandem-profile")
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest's own -m deselection
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests on the shared rollout app of tests/deployments (``rollout_app``: Ray, Serve, two replicas and two ingress
@@ -55,11 +65,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start what selected tests' fixtures will wait for in the background (tests/background.py)."""
-    from tests.background import STARTED, Background
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """``make test`` runs two pytest-xdist workers with ``--dist loadgroup``: tests marked ``own_cluster`` (each starts
+    its own Ray cluster in subprocesses: ``apps.train`` runs, ``ray start`` CLIs) form one group, every other test the
+    other, so the session's Ray cluster, its shared apps and models live in one worker, as in a plain ``pytest`` run.
+    The two groups each keep about 1.4 of the 2 cores busy when run alone; together they fill both. (Set as each item
+    is collected: xdist reads the group in its own ``pytest_collection_modifyitems``, before a conftest's.)"""
+    own = item.get_closest_marker("own_cluster") is not None
+    item.add_marker(pytest.mark.xdist_group("own_cluster" if own else "session_cluster"))
 
-    wanted = {name for item in session.items for name in getattr(item, "fixturenames", ())}
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Note what the selected session-cluster tests' fixtures will wait for (tests/background.py); it starts with the
+    first such test this process runs (``pytest_runtest_setup``): under xdist both workers collect every test, and only
+    the one that runs them should do the work."""
+    from tests.background import WANTED
+
+    session.config.stash[WANTED] = {name for item in session.items if item.get_closest_marker("own_cluster") is None
+                                    for name in getattr(item, "fixturenames", ())}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    from tests.background import STARTED, WANTED, Background
+
+    if item.get_closest_marker("own_cluster") is not None or STARTED in item.config.stash:
+        return
+    wanted = item.config.stash.get(WANTED, set())
     jobs: dict[str, Background] = {}
     if "sql_model_dir" in wanted:
         from tests.deployments.agents_conftest_helpers import TEACH_IN_BACKGROUND
@@ -69,7 +101,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         from tests.test_gpu_extra_resolves import RESOLVE
 
         jobs["vllm_extra_resolution"] = Background(RESOLVE)
-    session.config.stash[STARTED] = jobs
+    item.config.stash[STARTED] = jobs
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

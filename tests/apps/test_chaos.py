@@ -13,7 +13,7 @@ from agents.data import arithmetic
 from agents.data.rows import validate_row, write_parquet
 from benchmarks.chaos import run_fault, run_faults
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.own_cluster]
 
 
 @pytest.fixture(scope="module")

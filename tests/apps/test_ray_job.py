@@ -32,7 +32,7 @@ from agents.data.rows import validate_row, write_parquet
 from tests.apps.run_checks import check_run
 from tests.ray_head import BIN, free_port, ray_head, ray_node
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.own_cluster]
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -16,7 +16,7 @@ from agents.data import arithmetic
 from agents.data.rows import validate_row, write_parquet
 from tests.apps.run_checks import check_run
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.own_cluster]
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -21,7 +21,7 @@ from tests.deployments.conftest import ROOT, free_port
 from tests.deployments.tool_call_adapter import MESSAGES, TOOLS, build_tool_call_adapter
 from tests.ray_head import BIN, ray_head, wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.own_cluster]
 
 APP = "tandem-rollout"
 
