@@ -6,7 +6,8 @@ replicas sample with — and never feeds the trainer. Its samples become:
 - metrics named as verl names them (``validation_metrics``): verl's ``process_validation_metrics`` per data
   source and reward key (``reward`` = the score, plus the reward's extra keys such as ``acc``), filed under
   ``val-core/<data_source>/<acc|reward>/mean@N`` (and ``maj``/``best`` at the largest N) or ``val-aux/…``, and
-  ``val-aux/num_turns/{min,max,mean}``;
+  ``val-aux/num_turns/{min,max,mean}``; a data source named ``<group>:<name>`` (the SQL families:
+  ``sql/heldout_family:<family>``) is also reported as its group ``<group>``, over all its samples;
 - verl's generation dumps (``dump_generations``: ``<dir>/<step>.jsonl`` with input, output, gts, score, step and
   the reward's keys), and verl's choice of samples to show (``pick_generations``).
 """
@@ -41,7 +42,13 @@ def validation_metrics(samples: Sequence[ScoredSample]) -> dict[str, float]:
         if missing:
             raise ValueError(f"reward key {key!r} is missing from validation samples of group(s) {sorted(set(missing))[:5]}")
         infos[key] = [s.reward_extra[key] for s in samples]
-    by_source = process_validation_metrics([s.data_source for s in samples], [s.uid for s in samples], infos)
+    uids = [s.uid for s in samples]
+    by_source = process_validation_metrics([s.data_source for s in samples], uids, infos)
+    groups = [group_of(s.data_source) for s in samples]
+    grouped = [i for i, g in enumerate(groups) if g]
+    if grouped:  # each group over its own samples (a sample's uid is unique to its row)
+        by_source.update(process_validation_metrics([groups[i] for i in grouped], [uids[i] for i in grouped],
+                                                    {k: [v[i] for i in grouped] for k, v in infos.items()}))
     metrics: dict[str, float] = {}
     for source, by_var in by_source.items():
         core_var = "acc" if "acc" in by_var else "reward"
@@ -54,6 +61,12 @@ def validation_metrics(samples: Sequence[ScoredSample]) -> dict[str, float]:
     metrics.update({"val-aux/num_turns/min": float(turns.min()), "val-aux/num_turns/max": float(turns.max()),
                     "val-aux/num_turns/mean": float(turns.mean())})
     return metrics
+
+
+def group_of(data_source: str) -> str | None:
+    """``<group>`` of a data source named ``<group>:<name>``; None for other names."""
+    group, sep, _ = data_source.partition(":")
+    return group if sep else None
 
 
 def core_accuracy(metrics: dict[str, float]) -> dict[str, float]:
@@ -112,8 +125,9 @@ class ValidationResult:
 
     def summary(self) -> str:
         """One console line: each data source's core metric, turns, tool calls, time."""
-        core = core_accuracy(self.metrics)
-        parts = [f"{source} {value:.3f}" for source, value in sorted(core.items())]
+        core = core_accuracy(self.metrics)  # a source inside a reported group is left to the group's figure
+        parts = [f"{source} {value:.3f}" for source, value in sorted(core.items())
+                 if group_of(source) not in core]
         calls = sum(s.num_tool_calls for s in self.samples) / len(self.samples)
         return (f"validation @ step {self.step}: {', '.join(parts)} ({len(self.samples)} samples, "
                 f"tool calls/episode {calls:.2f}, {self.elapsed_s:.1f}s)")

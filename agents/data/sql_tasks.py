@@ -9,10 +9,12 @@ SQL reward (``agents.rewards.sql.score``) expects, ``ground_truth`` is the gold 
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
 from agents.data.rows import DatasetRow
+from agents.data.sql_families import DrawnQuestion, draw, heldout_families, train_families
 from agents.data.sql_questions import QUESTIONS
 
 SQL_TOOLS = ("search_schema", "get_columns", "execute_sql")
@@ -34,6 +36,10 @@ class SqlTask:
     db_id: str
     question: str
     sql: str
+    data_source: str = ""  # default: sql/<db_id>
+    family: str = ""
+    shape: str = ""
+    description: str = ""  # default: DB_DESCRIPTIONS[db_id]
 
 
 def sql_tasks(db_id: str) -> list[SqlTask]:
@@ -43,10 +49,10 @@ def sql_tasks(db_id: str) -> list[SqlTask]:
 def sql_row(task: SqlTask, db_path: str | Path, index: int, split: str) -> DatasetRow:
     """One ``tool_agent`` row; ``db_path`` is stored as given (callers pass an absolute path)."""
     db_path = str(db_path)
-    system = SYSTEM_PROMPT.format(db_id=task.db_id, description=DB_DESCRIPTIONS[task.db_id])
+    system = SYSTEM_PROMPT.format(db_id=task.db_id, description=task.description or DB_DESCRIPTIONS[task.db_id])
     return DatasetRow.model_validate(
         {
-            "data_source": f"sql/{task.db_id}",
+            "data_source": task.data_source or f"sql/{task.db_id}",
             "prompt": [{"role": "system", "content": system}, {"role": "user", "content": task.question}],
             "ability": "sql",
             "reward_model": {
@@ -61,6 +67,7 @@ def sql_row(task: SqlTask, db_path: str | Path, index: int, split: str) -> Datas
                 "db_id": task.db_id,
                 "db_path": db_path,
                 "tools_kwargs": {tool: {"create_kwargs": {"db_path": db_path}} for tool in SQL_TOOLS},
+                **({"family": task.family, "shape": task.shape} if task.family else {}),
             },
             "agent_name": "tool_agent",
         }
@@ -77,3 +84,34 @@ def sql_splits(db_paths: dict[str, Path]) -> dict[str, list[DatasetRow]]:
         split: [sql_row(task, db_paths[task.db_id], index, split) for index, task in enumerate(tasks)]
         for split, tasks in chosen.items()
     }
+
+
+# Data sources of the family splits: sql/<group>:<family>; validation also reports each group (apps.validation).
+TRAIN_GROUP, SAME_GROUP, HELDOUT_GROUP = "sql/train", "sql/same_family", "sql/heldout_family"
+
+
+def _task(drawn: DrawnQuestion, group: str) -> SqlTask:
+    family = drawn.family
+    return SqlTask(family.db_id, drawn.question, drawn.sql, f"{group}:{family.name}", family.name, family.shape)
+
+
+def family_splits(db_paths: dict[str, Path], seed: int, *, train_per_family: int = 16, same_per_family: int = 2,
+                  heldout_per_family: int = 3) -> dict[str, list[DatasetRow]]:
+    """Rows of the question families (``agents.data.sql_families``), slot values drawn with ``seed``:
+
+    - ``train``: ``train_per_family`` questions of each training family;
+    - ``val_same_family``: ``same_per_family`` other questions of each training family (drawn first, so no
+      training question repeats one);
+    - ``val_heldout_family``: ``heldout_per_family`` questions of each held-out family (no template in common
+      with training).
+    Families with fewer answerable questions give what they have (training gets what validation left)."""
+    rng = random.Random(seed)
+    same = draw(train_families(), db_paths, same_per_family, rng)
+    train = draw(train_families(), db_paths, train_per_family, rng, exclude={q.question for q in same})
+    heldout = draw(heldout_families(), db_paths, heldout_per_family, rng)
+    rng.shuffle(train)
+    tasks = {"train": [_task(q, TRAIN_GROUP) for q in train],
+             "val_same_family": [_task(q, SAME_GROUP) for q in same],
+             "val_heldout_family": [_task(q, HELDOUT_GROUP) for q in heldout]}
+    return {split: [sql_row(task, db_paths[task.db_id], i, split) for i, task in enumerate(chosen)]
+            for split, chosen in tasks.items()}

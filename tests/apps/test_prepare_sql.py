@@ -18,15 +18,56 @@ def sql_data(tmp_path_factory):
     return prepare_sql(out, seed=0)
 
 
+SPLITS = ("train", "val", "val_same_family", "val_heldout_family", "handwritten_train", "handwritten_val")
+
+
 def _rows(sql_data, kind):
-    return {split: load_rows(sql_data[f"{split}_{kind}"]) for split in ("train", "val")}
+    return {split: load_rows(sql_data[f"{split}_{kind}"]) for split in SPLITS}
 
 
 def test_jsonl_and_parquet_hold_the_same_rows(sql_data):
     jsonl, parquet = _rows(sql_data, "jsonl"), _rows(sql_data, "parquet")
     assert jsonl == parquet
     total = len(QUESTIONS["insurance"]) + len(QUESTIONS["chinook"])
-    assert len(jsonl["train"]) + len(jsonl["val"]) == total
+    assert len(jsonl["handwritten_train"]) + len(jsonl["handwritten_val"]) == total
+    assert [r.extra_info.question for r in jsonl["val"]] == [
+        r.extra_info.question for r in jsonl["val_same_family"] + jsonl["val_heldout_family"]]
+    assert [r.extra_info.index for r in jsonl["val"]] == list(range(len(jsonl["val"])))
+
+
+def test_another_seed_draws_other_questions_of_the_same_families(sql_data, tmp_path):
+    other = prepare_sql(tmp_path, seed=7)
+    for split in ("train", "val_heldout_family"):
+        mine, theirs = load_rows(sql_data[f"{split}_jsonl"]), load_rows(other[f"{split}_jsonl"])
+        assert {r.extra_info.family for r in mine} == {r.extra_info.family for r in theirs}
+        assert {r.extra_info.question for r in mine} != {r.extra_info.question for r in theirs}
+    assert other["insurance_db"].read_bytes() == sql_data["insurance_db"].read_bytes()  # --db-seed, not --seed
+
+
+def test_spider_folders_convert_and_unscorable_gold_is_listed_not_dropped(tmp_path, capsys):
+    import json
+
+    spider = tmp_path / "spider"
+    db = spider / "database" / "pets" / "pets.sqlite"
+    db.parent.mkdir(parents=True)
+    conn = sqlite3.connect(db)
+    conn.executescript("CREATE TABLE pet (id INTEGER PRIMARY KEY, kind TEXT); INSERT INTO pet VALUES (1, 'cat'), (2, 'dog');")
+    conn.close()
+    (spider / "tables.json").write_text(json.dumps([{"db_id": "pets", "table_names_original": ["pet"]}]))
+    (spider / "train_spider.json").write_text(json.dumps([
+        {"db_id": "pets", "question": "How many pets?", "query": "SELECT COUNT(*) FROM pet"},
+        {"db_id": "pets", "question": "Any fish?", "query": "SELECT id FROM pet WHERE kind = 'fish'"}]))
+    (spider / "dev.json").write_text(json.dumps([
+        {"db_id": "pets", "question": "Kinds?", "query": "SELECT kind FROM pett"}]))
+    main(["--out", str(tmp_path / "out"), "--spider", str(spider)])
+    assert "2 Spider questions skipped" in capsys.readouterr().out
+    train = load_rows(tmp_path / "out" / "train.jsonl")
+    assert [r.extra_info.question for r in train] == ["How many pets?"]
+    assert train[0].data_source == "spider/pets" and "tables pet" in train[0].prompt[0].content
+    assert (tmp_path / "out" / "val.jsonl").read_text().strip() == ""  # its one question was skipped
+    skipped = json.loads((tmp_path / "out" / "skipped.json").read_text())
+    assert [(s["file"], s["item"]) for s in skipped] == [("train_spider.json", 1), ("dev.json", 0)]
+    assert "no such table: pett" in skipped[1]["reason"]
 
 
 def test_every_gold_query_executes_and_returns_rows(sql_data):
