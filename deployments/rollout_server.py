@@ -204,7 +204,16 @@ class RolloutServer:
         return replace(ref, path=str(folder))
 
     async def check_health(self) -> None:
-        """A real one-token greedy generate; raises if the engine cannot produce it."""
+        """Idle: a real one-token greedy generate; raises if the engine cannot produce it. Busy: the engine's own
+        liveness (``engine.failure()``, where it has one): a probe would queue behind the running requests, and one
+        prefill forward of a 0.5B model on one CPU thread can outlast Serve's 30 s health-check timeout, after which
+        Serve replaced a replica that was working (its requests lost)."""
+        if self._in_flight:
+            failure = getattr(self.engine, "failure", None)
+            reason = failure() if failure is not None else None
+            if reason:
+                raise RuntimeError(f"replica {self.replica_id}: {reason}")
+            return
         sampling = SamplingParams(temperature=0.0, max_new_tokens=1)
         async with self._gate.generating():
             out = await self.engine.generate((0,), sampling, f"health-{self.replica_id}")

@@ -149,6 +149,15 @@ class HFEngine:
         recompute: rebuilding the running rows' cache after an interrupting swap)."""
         return {**self._stats, **{k: round(v, 3) for k, v in self._seconds.items()}}
 
+    def failure(self) -> str | None:
+        """Why the engine cannot make progress, or None: its loop task ended (it only ends by an error or
+        ``close``) while requests wait. Cheap; for health checks while requests are running."""
+        task = self._loop_task
+        if task is None or not task.done() or not (self._waiting or self._batch):
+            return None
+        error = None if task.cancelled() else task.exception()
+        return f"HFEngine({self.model_path!r}) loop stopped ({error!r}) with requests waiting"
+
     # ------------------------------------------------------------------ public API (event loop)
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams, request_id: str) -> EngineOutput:
@@ -198,6 +207,8 @@ class HFEngine:
             try:
                 await self._loop_task
             except asyncio.CancelledError:
+                pass
+            except Exception:  # the loop had stopped on an error (failure() reported it): still release everything
                 pass
             self._loop_task = None
         closed = RuntimeError(f"HFEngine({self.model_path!r}) closed")

@@ -309,17 +309,30 @@ class Prefiller:
         return Prefilled(cache, mask, logits, sum(lengths), sum(starts), sum(pads))
 
     def warm(self, model, prompts: list[list[int]]) -> int:
-        """Prompts admitted together that share a prefix (a burst of agent prompts after one system prompt): forward
-        that prefix once and store it, so each prompt's prefill forwards only the rest. Returns the tokens forwarded."""
-        distinct = {tuple(p) for p in prompts}
-        if len(distinct) < 2 or not self.prefixes.enabled:
+        """Prompts admitted together that share a prefix (a burst of agent prompts after one system prompt; a burst
+        over several databases has one system prompt each): forward each such prefix once and store it, so each
+        prompt's prefill forwards only the rest. Prompts are clustered by their sorted neighbours' common prefix of at
+        least ``min_tokens``. Returns the tokens forwarded."""
+        if not self.prefixes.enabled:
             return 0
-        shared = min(common_prefix(list(distinct)), min(len(p) for p in distinct) - 1)
-        if shared < self.prefixes.min_tokens or self.prefixes.longest(prompts[0][:shared + 1]) == shared:
-            return 0  # already stored
-        tokens = prompts[0][:shared]
-        cache = growing_cache(model.config)
-        model(input_ids=torch.tensor([tokens], device=self.device), past_key_values=cache, use_cache=True,
-              logits_to_keep=1)
-        self.prefixes.store(tokens, cache, 0)
-        return shared
+        distinct = sorted({tuple(p) for p in prompts})
+        clusters: list[list[tuple[int, ...]]] = []
+        for prompt in distinct:
+            if clusters and common_prefix([clusters[-1][-1], prompt]) >= self.prefixes.min_tokens:
+                clusters[-1].append(prompt)
+            else:
+                clusters.append([prompt])
+        forwarded = 0
+        for cluster in clusters:
+            if len(cluster) < 2:
+                continue
+            shared = min(common_prefix(cluster), min(len(p) for p in cluster) - 1)
+            if shared < self.prefixes.min_tokens or self.prefixes.longest(cluster[0][:shared + 1]) >= shared:
+                continue  # too short, or already stored
+            tokens = list(cluster[0][:shared])
+            cache = growing_cache(model.config)
+            model(input_ids=torch.tensor([tokens], device=self.device), past_key_values=cache, use_cache=True,
+                  logits_to_keep=1)
+            self.prefixes.store(tokens, cache, 0)
+            forwarded += shared
+        return forwarded

@@ -84,6 +84,24 @@ def test_a_burst_of_prompts_forwards_their_common_prefix_once(tiny_model_dir: Pa
     assert (stats["prefill_tokens"], stats["prefill_tokens_cached"]) == (len(system) + 4 * 3, 4 * len(system))
 
 
+def test_a_burst_over_two_system_prompts_forwards_each_prefix_once(tiny_model_dir: Path) -> None:
+    """The SQL agent's burst: questions over two databases, one system prompt (schema) each, interleaved; their common
+    prefix is a few tokens, each database's is long."""
+    head = [11 + (7 * j) % 90 for j in range(6)]
+    systems = [head + [100 + (5 * j + 3 * d) % 80 for j in range(40)] for d in range(2)]
+    prompts = [systems[i % 2] + [200 + i, 201, 202 + i] for i in range(6)]
+
+    async def body(engine: HFEngine):
+        outs = await generate_all(engine, prompts, GREEDY, "burst2")
+        return outs, engine.stats
+
+    outs, stats = run(with_engine(tiny_model_dir, body, eos_token_ids=()))
+    plain, _ = run(with_engine(tiny_model_dir, body, eos_token_ids=(), prefix_cache_min_tokens=0))
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+    prefix = len(systems[0])
+    assert (stats["prefill_tokens"], stats["prefill_tokens_cached"]) == (2 * prefix + 6 * 3, 6 * prefix)
+
+
 def test_prompts_of_different_lengths_are_prefilled_in_one_padded_forward(tiny_model_dir: Path, reference) -> None:
     sampling = SamplingParams(temperature=1.0, max_new_tokens=10, seed=3)
 
