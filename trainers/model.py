@@ -86,7 +86,8 @@ def shard_model(model: torch.nn.Module, fsdp_cfg: FSDPConfig, device: torch.devi
     offload = fsdp_cfg.param_offload or fsdp_cfg.optimizer_offload or fsdp_cfg.offload_policy
     kwargs: dict = {"mesh": mesh, "reshard_after_forward": fsdp_cfg.reshard_after_forward}
     if device.type == "cuda":
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        param_dtype = torch.float32 if fsdp_cfg.mixed_precision.param_dtype == "fp32" else torch.bfloat16
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
         if offload:
             # FSDP2's CPUOffloadPolicy keeps sharded params, grads and hence the optimizer step on CPU.
             kwargs["offload_policy"] = CPUOffloadPolicy()
@@ -240,8 +241,15 @@ def _attention_mask(model: torch.nn.Module, mb: MicroBatch, device: torch.device
     )
 
 
+def cpu_autocast(fsdp_cfg: FSDPConfig, device: torch.device) -> bool:
+    """Whether the forward runs under bf16 autocast: ``mixed_precision.param_dtype=bf16`` on a CPU (on a GPU FSDP2's
+    MixedPrecisionPolicy casts the parameters instead)."""
+    return device.type == "cpu" and fsdp_cfg.mixed_precision.param_dtype == "bf16"
+
+
 def response_logprobs(
-    model: torch.nn.Module, mb: MicroBatch, device: torch.device, temperature: float, with_entropy: bool
+    model: torch.nn.Module, mb: MicroBatch, device: torch.device, temperature: float, with_entropy: bool,
+    autocast: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropy) of the response tokens under ``model``: ``[B, R]`` each, 0 past the end.
 
@@ -249,18 +257,20 @@ def response_logprobs(
     Only the columns that predict a response token go through the LM head (``logits_to_keep``): the
     ``[rows, cols, vocab]`` logits were the largest activation and a fifth of the forward+backward time
     of a 135M model with a 49k vocabulary. The kept columns are the union over rows (the HF models slice
-    ``hidden[:, keep]``), a superset of what each row needs.
+    ``hidden[:, keep]``), a superset of what each row needs. ``autocast``: the model runs under bf16 autocast
+    (``cpu_autocast``); the log-probs are computed from its logits in fp32.
     """
     width = mb.input_ids.shape[1]
     flat = mb.pred_index[mb.valid]  # [M] flat index into [rows*cols]
     keep, keep_of = torch.unique(flat % width, return_inverse=True)  # [K] columns, [M] each one's slot in keep
-    out = model(
-        input_ids=mb.input_ids.to(device),
-        position_ids=mb.position_ids.to(device),
-        attention_mask=_attention_mask(model, mb, device),
-        logits_to_keep=keep.to(device),
-        use_cache=False,
-    )
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+        out = model(
+            input_ids=mb.input_ids.to(device),
+            position_ids=mb.position_ids.to(device),
+            attention_mask=_attention_mask(model, mb, device),
+            logits_to_keep=keep.to(device),
+            use_cache=False,
+        )
     vocab = out.logits.shape[-1]  # out.logits: [rows, K, V]
     index = (flat // width) * len(keep) + keep_of  # [M] flat index into [rows*K]
     rows = out.logits.reshape(-1, vocab)[index.to(device)].float()  # [M, V]

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from configs.actor import FSDPConfig, ModelConfig
 from configs.sections import SFTConfig
 from trainers.batching import Sample, collate, filler, plan_step
-from trainers.model import load_base_model, response_logprobs, shard_model
+from trainers.model import cpu_autocast, load_base_model, response_logprobs, shard_model
 from trainers.prefix import collate_shared
 
 log = logging.getLogger(__name__)
@@ -148,7 +148,7 @@ class SFTSpec:
     num_threads: int = 1
 
 
-def _sft_step(model, optimizer, samples: list[Sample], plan, device, share: bool) -> float:
+def _sft_step(model, optimizer, samples: list[Sample], plan, device, share: bool, autocast: bool = False) -> float:
     """One optimizer step over one batch; returns this rank's share of the global token-mean NLL."""
     total = 0.0
     for indices in plan.micro_batches:
@@ -157,7 +157,8 @@ def _sft_step(model, optimizer, samples: list[Sample], plan, device, share: bool
         # only the assistant tokens carry loss: the LM head runs on their positions alone (a transcript's
         # prompt, with the tool schemas, is most of its tokens)
         mb = replace(mb, valid=mb.valid & (mb.response_mask > 0))
-        log_prob, _ = response_logprobs(model, mb, device, temperature=1.0, with_entropy=False)  # [B, R]
+        log_prob, _ = response_logprobs(model, mb, device, temperature=1.0, with_entropy=False,
+                                        autocast=autocast)  # [B, R]
         mask = mb.response_mask.to(device)
         # verl's sft_loss normalisation: sum over the global batch's tokens, × dp_size (FSDP averages ranks).
         loss = -(log_prob * mask).sum() / plan.info.batch_num_tokens * plan.info.dp_size
@@ -198,7 +199,8 @@ def sft_loop_per_worker(config: dict[str, Any]) -> None:
                           share_prompts=share, shuffle_seed=spec.seed + epoch)
         for plan in plans:
             step += 1
-            loss = torch.tensor([_sft_step(model, optimizer, samples, plan, device, share)], dtype=torch.float64)
+            loss = torch.tensor([_sft_step(model, optimizer, samples, plan, device, share,
+                                          cpu_autocast(spec.fsdp, device))], dtype=torch.float64)
             dist.all_reduce(loss)
             metrics = {"step": step, "epoch": epoch, "sft_loss": loss.item(), "tokens": plan.info.batch_num_tokens}
             if rank == 0:

@@ -53,6 +53,7 @@ class StepSettings:
     packed: bool
     device: torch.device
     seed: int
+    autocast: bool = False  # bf16 autocast of the forward (trainers.model.cpu_autocast)
 
 
 def _collate(samples: list[Sample], plan: MiniBatchPlan, indices: list[int], s: StepSettings) -> MicroBatch:
@@ -87,11 +88,11 @@ def recompute_log_probs(
         for indices in plan.micro_batches:
             mb = _collate(samples, plan, indices, s)
             if old:
-                old_lp, _ = response_logprobs(model, mb, s.device, s.temperature, with_entropy=False)
+                old_lp, _ = response_logprobs(model, mb, s.device, s.temperature, with_entropy=False, autocast=s.autocast)
             ref = None
             if s.actor.use_kl_loss:
                 with model.disable_adapter():
-                    ref, _ = response_logprobs(model, mb, s.device, s.temperature, with_entropy=False)
+                    ref, _ = response_logprobs(model, mb, s.device, s.temperature, with_entropy=False, autocast=s.autocast)
             for row, i in enumerate(indices):
                 n = len(samples[i].response_ids)
                 out[i] = replace(out[i], old_log_prob=old_lp[row, :n].cpu() if old else None,
@@ -103,7 +104,7 @@ def _loss_inputs(model, mb, s: StepSettings) -> tuple[LossInputs, int]:
     """The loss inputs of one micro-batch; without recomputed old log-probs (an on-policy step) the forward's
     own, detached, are the old ones."""
     with_entropy = s.actor.calculate_entropy or s.actor.entropy_coeff > 0
-    log_prob, entropy = response_logprobs(model, mb, s.device, s.temperature, with_entropy)
+    log_prob, entropy = response_logprobs(model, mb, s.device, s.temperature, with_entropy, autocast=s.autocast)
     if entropy is not None and not s.actor.entropy_coeff:
         entropy = entropy.detach()
     dev = s.device

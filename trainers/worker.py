@@ -24,6 +24,7 @@ import torch.distributed as dist
 from agents.records import AdapterRef, Trajectory
 from trainers.model import (
     build_policy,
+    cpu_autocast,
     gather_adapter,
     load_training_state,
     resolve_device,
@@ -158,6 +159,7 @@ def _settings(spec: WorkerSpec, device: torch.device) -> StepSettings:
         actor=spec.actor, max_response_length=spec.max_response_length,
         norm_adv_by_std_in_grpo=spec.algorithm.norm_adv_by_std_in_grpo, temperature=spec.temperature,
         packed=spec.model.use_remove_padding, device=device, seed=spec.trainer.seed,
+        autocast=cpu_autocast(spec.actor.fsdp_config, device),
     )
 
 

@@ -13,7 +13,7 @@ from verl.utils.torch_functional import entropy_from_logits
 from configs import load_config
 from trainers.batching import collate, samples_from_trajectories
 from trainers.grpo import logprobs_from_logits, sequence_advantages
-from trainers.model import build_policy, gather_adapter, response_logprobs
+from trainers.model import build_policy, cpu_autocast, gather_adapter, response_logprobs
 from trainers.step import StepSettings, train_step
 from trainers.optim import build_optimizer, make_scheduler
 
@@ -60,6 +60,26 @@ def test_packed_padded_and_one_by_one_log_probs_agree(one_rank, grpo_model_dir):
         torch.testing.assert_close(padded[row, :n], lp, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(ent[row, :n], h, atol=1e-5, rtol=1e-5)
         assert packed[row, n:].abs().sum() == 0
+
+
+def test_bf16_mixed_precision_on_cpu_autocasts_the_forward_and_keeps_fp32_weights_and_grads(one_rank, grpo_model_dir):
+    """fsdp_config.mixed_precision.param_dtype=bf16 on a CPU: the forward under bf16 autocast (log-probs within bf16's
+    rounding of fp32's, not equal to them), the weights and the LoRA gradients fp32."""
+    cfg = _cfg(grpo_model_dir, "actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype: bf16}")
+    fsdp = cfg.actor_rollout_ref.actor.fsdp_config
+    assert cpu_autocast(fsdp, CPU) and not cpu_autocast(_cfg(grpo_model_dir).actor_rollout_ref.actor.fsdp_config, CPU)
+    model = build_policy(cfg.actor_rollout_ref.model, fsdp, CPU, seed=1)
+    samples = samples_from_trajectories(make_trajectories(2, 2, seed=7), [0.0] * 4, 32)
+    mb = collate(samples, packed=True)
+    with torch.no_grad():
+        full, _ = response_logprobs(model, mb, CPU, 1.0, with_entropy=False)
+    half, _ = response_logprobs(model, mb, CPU, 1.0, with_entropy=False, autocast=True)
+    assert half.dtype == torch.float32 and not torch.equal(half, full)
+    torch.testing.assert_close(half, full, atol=0.1, rtol=0.05)
+    half.sum().backward()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert trainable and all(p.dtype == torch.float32 and p.grad is not None and p.grad.dtype == torch.float32
+                             for p in trainable)
 
 
 @torch.no_grad()
