@@ -253,3 +253,7 @@ class ScoredSample:
     reward_extra: dict[str, float] = field(default_factory=dict)
     num_turns: int = 1
     num_tool_calls: int = 0
+    num_tool_errors: int = 0  # tool calls whose result was an error fed back to the model (SQL errors included)
+    num_parse_errors: int = 0  # tool calls the parser could not read
+    response_length: int = 0  # tokens the model generated (tool results not counted)
+    termination: str = ""  # a Termination value: why the episode ended

@@ -60,6 +60,17 @@ def validation_metrics(samples: Sequence[ScoredSample]) -> dict[str, float]:
     turns = np.array([s.num_turns for s in samples], dtype=float)
     metrics.update({"val-aux/num_turns/min": float(turns.min()), "val-aux/num_turns/max": float(turns.max()),
                     "val-aux/num_turns/mean": float(turns.mean())})
+    # per episode: tool calls, errors fed back, unreadable calls, generated tokens; and why episodes ended
+    for name, values in (("tool_calls", [s.num_tool_calls for s in samples]),
+                         ("tool_errors", [s.num_tool_errors for s in samples]),
+                         ("parse_errors", [s.num_parse_errors for s in samples]),
+                         ("response_length", [s.response_length for s in samples])):
+        metrics[f"val-aux/{name}/mean"] = float(np.mean(values))
+    metrics["val-aux/parse_errors/episode_share"] = float(np.mean([s.num_parse_errors > 0 for s in samples]))
+    metrics["val-aux/parse_errors/call_share"] = (
+        sum(s.num_parse_errors for s in samples) / max(1, sum(s.num_tool_calls + s.num_parse_errors for s in samples)))
+    for reason in sorted({s.termination for s in samples if s.termination}):
+        metrics[f"val-aux/termination/{reason}"] = float(np.mean([s.termination == reason for s in samples]))
     return metrics
 
 
@@ -128,9 +139,11 @@ class ValidationResult:
         core = core_accuracy(self.metrics)  # a source inside a reported group is left to the group's figure
         parts = [f"{source} {value:.3f}" for source, value in sorted(core.items())
                  if group_of(source) not in core]
-        calls = sum(s.num_tool_calls for s in self.samples) / len(self.samples)
+        m = self.metrics
         return (f"validation @ step {self.step}: {', '.join(parts)} ({len(self.samples)} samples, "
-                f"tool calls/episode {calls:.2f}, {self.elapsed_s:.1f}s)")
+                f"tool calls/episode {m['val-aux/tool_calls/mean']:.2f}, tool errors/episode "
+                f"{m['val-aux/tool_errors/mean']:.2f}, unreadable calls {m['val-aux/parse_errors/call_share']:.1%}, "
+                f"{m['val-aux/response_length/mean']:.0f} tokens/episode, {self.elapsed_s:.1f}s)")
 
 
 def val_sampling(cfg: TandemConfig) -> SamplingParams:

@@ -231,6 +231,8 @@ class AgentWorkerImpl:
             output=decode(list(trajectory.response_ids)), score=trajectory.reward,
             ground_truth=row.reward_model.ground_truth, reward_extra=dict(trajectory.reward_extra),
             num_turns=trajectory.num_turns, num_tool_calls=trajectory.num_tool_calls,
+            num_tool_errors=trajectory.num_tool_errors, num_parse_errors=trajectory.num_parse_errors,
+            response_length=sum(trajectory.response_mask), termination=str(trajectory.termination.value),
         )
 
     def node_id(self) -> str:
