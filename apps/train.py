@@ -91,6 +91,7 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
         os.chdir(root)
     run_dir = Path(cfg.trainer.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    save_resolved_config(cfg, run_dir)
     model = cfg.actor_rollout_ref.model
     if model.lora_adapter_path:  # fail before anything starts, naming the path and what does not fit
         from trainers.model import check_adapter
@@ -223,6 +224,18 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
     if failure:
         raise RuntimeError(f"rollouts failed: {failure}")
     return interrupted or code
+
+
+def save_resolved_config(cfg: TandemConfig, run_dir: Path) -> Path:
+    """The run's whole config, every default and override resolved and paths absolute, as Hydra keeps
+    ``.hydra/config.yaml``: ``apps.train --config <run dir>/config.yaml trainer.val_only=true …`` re-validates the run
+    from its folder alone. A validation-only run writes ``config-val_only.yaml`` and leaves the training run's file."""
+    import yaml
+
+    path = run_dir / ("config-val_only.yaml" if cfg.trainer.val_only else "config.yaml")
+    path.write_text("# resolved by apps.train: every key, defaults included\n"
+                    + yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    return path
 
 
 def _finish(cfg: TandemConfig, tracker: RunTracker, reporter: Reporter, attached: bool, accounting: dict,

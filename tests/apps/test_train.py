@@ -104,12 +104,22 @@ def test_streaming_run_validates_before_during_after_then_val_only_on_the_final_
     assert len(dump) == 6 and set(dump[0]) == {"input", "output", "gts", "score", "step", "reward", "acc"}
     assert sorted(p.name for p in (tmp_path / "rollouts").iterdir()) == ["1.jsonl", "2.jsonl", "3.jsonl"]
     assert proc.stdout.count("validation @ step") == 3 and "held-out val-core/" in proc.stdout
-    # val_only evaluates the final adapter (policy version 0 of that run) and writes one validation row
+    # the run dir keeps the resolved config: val_only from it alone (none of the options above repeated) evaluates
+    # the final adapter (policy version 0 of that run) and writes one validation row
     final = run_dir / "adapters" / "v3"
     (tmp_path / "eval").mkdir()
-    proc2, run2 = _train(tmp_path / "eval", tiny_model_dir, train_rows, *common,
-                         f"trainer.validation_data_dir={tmp_path / 'dumps2'}", "trainer.val_only=true",
-                         f"actor_rollout_ref.model.lora_adapter_path={final}")
+    run2 = tmp_path / "eval" / "run"
+    resolved = (run_dir / "config.yaml").read_text()
+    assert str(tmp_path / "reward.py") in resolved and "truncation: left" in resolved
+    proc2 = subprocess.run(
+        [sys.executable, "-m", "apps.train", "--config", str(run_dir / "config.yaml"), "trainer.val_only=true",
+         f"trainer.validation_data_dir={tmp_path / 'dumps2'}", f"trainer.default_local_dir={run2}",
+         f"actor_rollout_ref.model.lora_adapter_path={final}"],
+        cwd=tmp_path / "eval", env={**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
+                                    "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(ROOT)},
+        capture_output=True, text=True, timeout=600)
+    assert proc2.returncode == 0, proc2.stdout[-3000:] + proc2.stderr[-6000:]
+    assert (run2 / "config-val_only.yaml").is_file() and (run_dir / "config.yaml").read_text() == resolved
     rows2 = [json.loads(line) for line in (run2 / "metrics.jsonl").read_text().splitlines()]
     assert [int(row["step"]) for row in rows2] == [0] and core in rows2[0]
     assert not (run2 / "adapters").exists()  # nothing trained
