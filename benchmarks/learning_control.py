@@ -1,19 +1,20 @@
 """Does the rise come from the GRPO updates? The demo job twice, the same rollouts and validations, once with
 ``actor.optim.lr=0`` (a control: the LoRA adapter stays zero, so the policy never changes).
 
-    python -m benchmarks.learning_control [--steps 10] [dotted.key=value ...]
+    python -m benchmarks.learning_control [--task arithmetic|sql] [--steps N] [dotted.key=value ...]
 
-Prepares what ``make demo`` prepares (cached: model, data, SFT cold start), then runs ``apps.train`` on
-``configs/demo_cpu.yaml`` for ``--steps`` GRPO steps with held-out greedy validation before and after, and prints
-one line per run: each data source's ``val-core/…/acc/mean@1`` before → after and the overall accuracy. The verdict
-is computed from the numbers: GRPO's overall Δ ≥ +0.15 and the control's |Δ| < 0.03.
+``--task arithmetic`` (default) prepares what ``make demo`` prepares (cached: model, data, SFT cold start) and runs
+``apps.train`` on ``configs/demo_cpu.yaml``; the verdict: overall held-out Δ ≥ +0.15 and the control's |Δ| < 0.03.
+``--task sql`` prepares what ``make demo-sql`` prepares (Qwen2.5-Coder-0.5B, the SQL families) and runs
+``configs/sql_cpu.yaml``; the verdict is on the held-out-family set (families never trained on): Δ ≥ +0.10 and the
+control's |Δ| < 0.03, with the same-family set printed beside it. Each run validates greedily before and after
+``--steps`` GRPO steps and prints one line: each data source's ``val-core/…/acc/mean@1`` before → after.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import json
 import logging
 import shutil
@@ -26,6 +27,10 @@ from configs import load_config
 GOAL = "held-out acc: GRPO delta >= +0.15, lr=0 control |delta| < 0.03"
 
 GOAL_DELTA, CONTROL_LIMIT = 0.15, 0.03
+# --task sql: the verdict's metric is the held-out-family group; the same-family group is reported beside it
+SQL_GOAL_DELTA = 0.10
+SQL_HEADLINE, SQL_BESIDE = "sql/heldout_family", "sql/same_family"
+TASKS = {"arithmetic": "configs/demo_cpu.yaml", "sql": "configs/sql_cpu.yaml"}
 
 
 def _validations(run_dir: Path) -> list[dict[str, float]]:
@@ -48,50 +53,84 @@ def run_once(config: str, overrides: list[str], name: str, lr: float | None, ste
     if lr is not None:
         extra.append(f"actor_rollout_ref.actor.optim.lr={lr}")
     cfg = load_config(config, [*overrides, *extra])
-    shutil.rmtree(cfg.trainer.run_dir, ignore_errors=True)
-    with contextlib.redirect_stdout(io.StringIO()):  # the runs' own tables; this script prints one line each
+    run_dir = Path(cfg.trainer.run_dir)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    # the run's own console (progress lines, tables) goes to its folder; this script prints one line per run
+    with open(run_dir / "console.log", "w", buffering=1) as console, contextlib.redirect_stdout(console):
         run(cfg)
     return _validations(Path(cfg.trainer.run_dir))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default="configs/demo_cpu.yaml")
-    parser.add_argument("--steps", type=int, default=10, help="GRPO steps per run")
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
-    from apps import demo
+def _prepare(task: str, config: str, overrides: list[str]) -> dict[str, int]:
+    """What the demo prepares (cached); returns validation rows per data source."""
+    cfg = load_config(config, overrides)
+    if task == "sql":
+        from apps import demo_sql
 
-    cfg = load_config(args.config, args.overrides)
-    demo.prepare_base_model(Path(cfg.sft.base_model))
-    demo.cold_start(cfg, demo.write_data(cfg, cfg.trainer.seed))
+        demo_sql.prepare_base_model(demo_sql.MODEL_SOURCE, Path(cfg.actor_rollout_ref.model.path))
+        demo_sql.write_data(cfg, cfg.trainer.seed)
+    else:
+        from apps import demo
+
+        demo.prepare_base_model(Path(cfg.sft.base_model))
+        demo.cold_start(cfg, demo.write_data(cfg, cfg.trainer.seed))
     from agents.data.rows import load_rows
 
     sizes: dict[str, int] = {}
     for path in cfg.data.val_paths:
         for row in load_rows(path):
             sizes[row.data_source] = sizes.get(row.data_source, 0) + 1
+    return sizes
+
+
+def _core(row: dict[str, float], source: str) -> float:
+    keys = [k for k in row if k.startswith(f"val-core/{source}/acc/mean@")]
+    if len(keys) != 1:
+        raise KeyError(f"no single val-core/{source}/acc/mean@N in the validation row (have {sorted(row)[:8]}…)")
+    return row[keys[0]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", choices=sorted(TASKS), default="arithmetic")
+    parser.add_argument("--config", default=None, help="default: the task's demo config")
+    parser.add_argument("--steps", type=int, default=None, help="GRPO steps per run (default: arithmetic 10, sql: "
+                        "the config's trainer.total_training_steps)")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    config = args.config or TASKS[args.task]
+    steps = args.steps or (10 if args.task == "arithmetic" else load_config(config, args.overrides).trainer.total_training_steps)
+    sizes = _prepare(args.task, config, args.overrides)
     results = {}
-    for label, lr in ((f"GRPO lr={cfg.actor_rollout_ref.actor.optim.lr:g}", None), ("control lr=0", 0.0)):
+    for label, lr in ((f"GRPO lr={load_config(config, args.overrides).actor_rollout_ref.actor.optim.lr:g}", None),
+                      ("control lr=0", 0.0)):
         started = time.perf_counter()
-        name = "learning-control-grpo" if lr is None else "learning-control-lr0"
-        vals = run_once(args.config, args.overrides, name, lr, args.steps)
+        name = f"learning-control-{args.task}-{'grpo' if lr is None else 'lr0'}"
+        vals = run_once(config, args.overrides, name, lr, steps)
         before, after = vals[0], vals[-1]
-        if int(before["step"]) != 0 or int(after["step"]) != args.steps:
-            raise RuntimeError(f"{label}: validations at steps {[int(v['step']) for v in vals]}, expected 0 and {args.steps}")
-        per_source = []
-        for key in sorted(k for k in before if k.startswith("val-core/") and "/acc/mean@" in k):
-            source = key.removeprefix("val-core/").rsplit("/", 2)[0]
-            per_source.append(f"{source} {before[key]:.3f} → {after[key]:.3f}")
-        delta = _overall(after, sizes) - _overall(before, sizes)
+        if int(before["step"]) != 0 or int(after["step"]) != steps:
+            raise RuntimeError(f"{label}: validations at steps {[int(v['step']) for v in vals]}, expected 0 and {steps}")
+        if args.task == "sql":
+            shown = [(source, _core(before, source), _core(after, source)) for source in (SQL_HEADLINE, SQL_BESIDE)]
+            delta = shown[0][2] - shown[0][1]
+            summary = f"headline {SQL_HEADLINE} Δ {delta:+.3f}"
+        else:
+            shown = []
+            for key in sorted(k for k in before if k.startswith("val-core/") and "/acc/mean@" in k):
+                source = key.removeprefix("val-core/").rsplit("/", 2)[0]
+                shown.append((source, before[key], after[key]))
+            delta = _overall(after, sizes) - _overall(before, sizes)
+            summary = f"overall {_overall(before, sizes):.3f} → {_overall(after, sizes):.3f} (Δ {delta:+.3f})"
         results[label] = delta
-        print(f"{label:>16}: held-out greedy acc@1 {'; '.join(per_source)}; overall {_overall(before, sizes):.3f} → "
-              f"{_overall(after, sizes):.3f} (Δ {delta:+.3f}) after {args.steps} steps, "
+        per_source = "; ".join(f"{source} {b:.3f} → {a:.3f}" for source, b, a in shown)
+        print(f"{label:>16}: held-out greedy acc@1 {per_source}; {summary} after {steps} steps, "
               f"{time.perf_counter() - started:.0f}s", flush=True)
     grpo, control = results.values()
-    ok = grpo >= GOAL_DELTA and abs(control) < CONTROL_LIMIT
-    print(f"verdict: {'PASS' if ok else 'FAIL'} (GRPO Δ {grpo:+.3f} vs goal ≥ +{GOAL_DELTA}; control |Δ| {abs(control):.3f} "
+    goal = SQL_GOAL_DELTA if args.task == "sql" else GOAL_DELTA
+    ok = grpo >= goal and abs(control) < CONTROL_LIMIT
+    print(f"verdict: {'PASS' if ok else 'FAIL'} (GRPO Δ {grpo:+.3f} vs goal ≥ +{goal}; control |Δ| {abs(control):.3f} "
           f"vs limit < {CONTROL_LIMIT})")
     return 0 if ok else 1
 

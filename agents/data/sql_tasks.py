@@ -28,7 +28,22 @@ SYSTEM_PROMPT = (
     "When you are confident, reply with the single SQL query that answers the question "
     "in a ```sql code block."
 )
+SCHEMA_SECTION = "\n\nTables (name(column type, ...), PK = primary key):\n{schema}"
 VAL_EVERY = 5  # every fifth question of each database goes to the validation split
+
+
+def schema_text(db_path: str | Path) -> str:
+    """The database's tables, one line each: ``Album(AlbumId INTEGER PK, Title NVARCHAR(160), ArtistId INTEGER)``.
+
+    Put in the system prompt (``schema_in_prompt``), it saves the exploring turns, and it is the prompt prefix every
+    question of that database shares (the engines' prefix cache computes it once)."""
+    from agents.tools.sql import read_schema
+
+    lines = []
+    for table in read_schema(db_path):
+        cols = ", ".join(f"{c.name} {c.type}".rstrip() + (" PK" if c.primary_key else "") for c in table.columns)
+        lines.append(f"{table.name}({cols})")
+    return "\n".join(lines)
 
 
 @dataclass(frozen=True)
@@ -46,10 +61,15 @@ def sql_tasks(db_id: str) -> list[SqlTask]:
     return [SqlTask(db_id, question, sql) for question, sql in QUESTIONS[db_id]]
 
 
-def sql_row(task: SqlTask, db_path: str | Path, index: int, split: str) -> DatasetRow:
-    """One ``tool_agent`` row; ``db_path`` is stored as given (callers pass an absolute path)."""
+def sql_row(task: SqlTask, db_path: str | Path, index: int, split: str, schema: str | None = None,
+            agent_name: str = "tool_agent") -> DatasetRow:
+    """One row for ``agent_name`` (``tool_agent``, or ``langgraph_sql``: the LangGraph agent through the OpenAI
+    endpoint); ``db_path`` is stored as given (callers pass an absolute path). ``schema`` (``schema_text``) is
+    appended to the system prompt."""
     db_path = str(db_path)
     system = SYSTEM_PROMPT.format(db_id=task.db_id, description=task.description or DB_DESCRIPTIONS[task.db_id])
+    if schema:
+        system += SCHEMA_SECTION.format(schema=schema)
     return DatasetRow.model_validate(
         {
             "data_source": task.data_source or f"sql/{task.db_id}",
@@ -69,7 +89,7 @@ def sql_row(task: SqlTask, db_path: str | Path, index: int, split: str) -> Datas
                 "tools_kwargs": {tool: {"create_kwargs": {"db_path": db_path}} for tool in SQL_TOOLS},
                 **({"family": task.family, "shape": task.shape} if task.family else {}),
             },
-            "agent_name": "tool_agent",
+            "agent_name": agent_name,
         }
     )
 
@@ -96,7 +116,8 @@ def _task(drawn: DrawnQuestion, group: str) -> SqlTask:
 
 
 def family_splits(db_paths: dict[str, Path], seed: int, *, train_per_family: int = 16, same_per_family: int = 2,
-                  heldout_per_family: int = 3) -> dict[str, list[DatasetRow]]:
+                  heldout_per_family: int = 3, schema_in_prompt: bool = False,
+                  agent_name: str = "tool_agent") -> dict[str, list[DatasetRow]]:
     """Rows of the question families (``agents.data.sql_families``), slot values drawn with ``seed``:
 
     - ``train``: ``train_per_family`` questions of each training family;
@@ -104,7 +125,9 @@ def family_splits(db_paths: dict[str, Path], seed: int, *, train_per_family: int
       training question repeats one);
     - ``val_heldout_family``: ``heldout_per_family`` questions of each held-out family (no template in common
       with training).
-    Families with fewer answerable questions give what they have (training gets what validation left)."""
+    Families with fewer answerable questions give what they have (training gets what validation left).
+    ``schema_in_prompt``: each row's system prompt lists its database's tables (``schema_text``); ``agent_name``: the
+    agent loop every row names."""
     rng = random.Random(seed)
     same = draw(train_families(), db_paths, same_per_family, rng)
     train = draw(train_families(), db_paths, train_per_family, rng, exclude={q.question for q in same})
@@ -113,5 +136,7 @@ def family_splits(db_paths: dict[str, Path], seed: int, *, train_per_family: int
     tasks = {"train": [_task(q, TRAIN_GROUP) for q in train],
              "val_same_family": [_task(q, SAME_GROUP) for q in same],
              "val_heldout_family": [_task(q, HELDOUT_GROUP) for q in heldout]}
-    return {split: [sql_row(task, db_paths[task.db_id], i, split) for i, task in enumerate(chosen)]
+    schemas = {db_id: schema_text(path) if schema_in_prompt else None for db_id, path in db_paths.items()}
+    return {split: [sql_row(task, db_paths[task.db_id], i, split, schemas[task.db_id], agent_name)
+                    for i, task in enumerate(chosen)]
             for split, chosen in tasks.items()}

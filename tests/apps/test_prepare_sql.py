@@ -44,6 +44,27 @@ def test_another_seed_draws_other_questions_of_the_same_families(sql_data, tmp_p
     assert other["insurance_db"].read_bytes() == sql_data["insurance_db"].read_bytes()  # --db-seed, not --seed
 
 
+def test_schema_in_prompt_lists_each_databases_tables_and_changes_nothing_else(sql_data, tmp_path):
+    """(With the rows for the LangGraph agent, the second data source, instead of the tool agent.)"""
+    other = prepare_sql(tmp_path, seed=0, schema_in_prompt=True, agent_name="langgraph_sql")
+    assert {r.agent_name for r in load_rows(sql_data["train_jsonl"])} == {"tool_agent"}
+    assert {r.agent_name for r in load_rows(other["train_jsonl"])} == {"langgraph_sql"}
+    for split in ("train", "val"):
+        plain, with_schema = load_rows(sql_data[f"{split}_jsonl"]), load_rows(other[f"{split}_jsonl"])
+        assert [r.extra_info for r in plain] == [r.extra_info.model_copy(update={"db_path": p.extra_info.db_path,
+                                                                                 "tools_kwargs": p.extra_info.tools_kwargs})
+                                                 for r, p in zip(with_schema, plain)]
+        for a, b in zip(plain, with_schema):
+            system, schema = b.prompt[0].content.split("\n\nTables", 1)
+            assert system == a.prompt[0].content and b.prompt[1:] == a.prompt[1:]
+            tables = {"chinook": "Track(TrackId INTEGER PK, Name TEXT, AlbumId INTEGER",
+                      "insurance": "claim_payment(payment_id INTEGER PK"}
+            assert tables[b.extra_info.db_id] in schema
+    # one schema text per database: the prefix every question of that database shares
+    systems = {(r.extra_info.db_id, r.prompt[0].content) for r in load_rows(other["train_jsonl"])}
+    assert len(systems) == 2
+
+
 def test_spider_folders_convert_and_unscorable_gold_is_listed_not_dropped(tmp_path, capsys):
     import json
 
