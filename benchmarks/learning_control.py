@@ -85,10 +85,22 @@ def _prepare(task: str, config: str, overrides: list[str]) -> dict[str, int]:
 
 
 def _core(row: dict[str, float], source: str) -> float:
-    keys = [k for k in row if k.startswith(f"val-core/{source}/acc/mean@")]
-    if len(keys) != 1:
-        raise KeyError(f"no single val-core/{source}/acc/mean@N in the validation row (have {sorted(row)[:8]}…)")
-    return row[keys[0]]
+    """The source's headline validation figure: ``val-core/<source>/acc/mean@N``, or ``reward/mean@N`` for a reward
+    without an ``acc`` key (the SQL reward: 0/1 execution match)."""
+    for var in ("acc", "reward"):
+        keys = [k for k in row if k.startswith(f"val-core/{source}/{var}/mean@")]
+        if len(keys) == 1:
+            return row[keys[0]]
+    raise KeyError(f"no val-core/{source}/<acc|reward>/mean@N in the validation row at step {row.get('step')}")
+
+
+def _finished(name: str, config: str, overrides: list[str], steps: int) -> list[dict[str, float]]:
+    """The validations of a run already in its folder (``--runs`` left it out), checked to be this job's."""
+    cfg = load_config(config, [*overrides, f"trainer.experiment_name={name}"])
+    run_dir = Path(cfg.trainer.run_dir)
+    if not (run_dir / "metrics.jsonl").is_file():
+        raise FileNotFoundError(f"{run_dir}/metrics.jsonl: run {name} first (--runs)")
+    return _validations(run_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,8 +109,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default=None, help="default: the task's demo config")
     parser.add_argument("--steps", type=int, default=None, help="GRPO steps per run (default: arithmetic 10, sql: "
                         "the config's trainer.total_training_steps)")
+    parser.add_argument("--runs", default="grpo,control",
+                        help="which runs to start (comma-separated); the other is read from its run folder")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
+    wanted = set(args.runs.split(","))
+    if not wanted <= {"grpo", "control"}:
+        raise SystemExit(f"--runs {args.runs!r}: expected grpo, control or both")
     logging.basicConfig(level=logging.WARNING)
     config = args.config or TASKS[args.task]
     steps = args.steps or (10 if args.task == "arithmetic" else load_config(config, args.overrides).trainer.total_training_steps)
@@ -108,7 +125,11 @@ def main(argv: list[str] | None = None) -> int:
                       ("control lr=0", 0.0)):
         started = time.perf_counter()
         name = f"learning-control-{args.task}-{'grpo' if lr is None else 'lr0'}"
-        vals = run_once(config, args.overrides, name, lr, steps)
+        if ("grpo" if lr is None else "control") in wanted:
+            vals = run_once(config, args.overrides, name, lr, steps)
+        else:
+            vals = _finished(name, config, args.overrides, steps)
+            label += " (read from its run folder)"
         before, after = vals[0], vals[-1]
         if int(before["step"]) != 0 or int(after["step"]) != steps:
             raise RuntimeError(f"{label}: validations at steps {[int(v['step']) for v in vals]}, expected 0 and {steps}")
