@@ -245,6 +245,13 @@ def deploy_rollout_app(
     return rollout_handle(serve_cfg.app_name)
 
 
+def ingress_url(serve_cfg: Any) -> str:
+    """The OpenAI ingress's base URL as agents on this cluster reach it (``http://host:port/prefix``; a wildcard
+    bind address is reached on loopback)."""
+    host = "127.0.0.1" if serve_cfg.host in ("0.0.0.0", "::", "") else serve_cfg.host
+    return f"http://{host}:{serve_cfg.port}{serve_cfg.route_prefix.rstrip('/')}"
+
+
 def deployed_apps() -> set[str]:
     """Serve applications already running on the cluster (none when Serve is not started)."""
     try:

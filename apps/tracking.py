@@ -132,11 +132,20 @@ class RunTracker:
                         for key, name in _RAY_GAUGES.items()}
 
     def log_step(self, step: int, metrics: dict[str, float]) -> None:
+        """One row per call; a training row (it has ``policy_version``) for a step already logged — the learner
+        restarted in-run from a checkpoint older than that step and redid it — replaces the training rows from that
+        step on, in ``metrics.jsonl`` and the history the summary and the curve read, and carries ``redone: 1``
+        (mlflow, tensorboard and wandb keep every value they were sent: there the newest value of the step wins)."""
         row = {"step": step, **{k: float(v) for k, v in metrics.items() if _is_number(v)}}
         if not self.history:
             kept = [r for r in self._earlier if r.get("step", 0) < step]
             self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
             self.history.extend(kept)
+        redone = [r for r in self.history if "policy_version" in r and r["step"] >= step] if "policy_version" in row else []
+        if redone:
+            self.history = [r for r in self.history if not any(r is d for d in redone)]
+            self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in self.history))
+            row["redone"] = 1.0
         self.history.append(row)
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(row) + "\n")

@@ -29,7 +29,7 @@ from apps.driver import (check_resources, connect_ray, final_adapter, load_train
                          with_absolute_paths)
 from apps.progress import Reporter, StepLog, final_paths
 from apps.publishing import AdapterPublisherActor, MetricsSinkActor
-from apps.rollout import attach_rollout_app, delete_rollout_app, deploy_rollout_app, deployed_apps
+from apps.rollout import attach_rollout_app, delete_rollout_app, deploy_rollout_app, deployed_apps, ingress_url
 from apps.tracking import RunTracker, prepare_store
 from apps.validation import Validator
 from configs import ConfigError, TandemConfig, load_config
@@ -77,11 +77,23 @@ def _raise_terminated(signum, frame) -> None:
     raise Terminated()
 
 
+def install_signal_handlers() -> None:
+    """SIGTERM raises ``Terminated``; SIGINT raises ``KeyboardInterrupt`` even where the process started with it
+    ignored (a shell starts background jobs, ``python -m apps.train … &``, and many supervisors that way: the run
+    would then ignore ``kill -INT``; uvicorn installs its own handler for the same reason). Called again after
+    ``ray.init``, whose core worker installs a failure-signal handler for SIGTERM that replaced ours and ended the
+    process with a stack dump and exit code 134. Main thread only (Python's rule for signal handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.SIG_DFL):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def run(cfg: TandemConfig, root: Path | None = None) -> int:
     """Train; 0 when every step ran. Ctrl-C returns 130 and SIGTERM 143, after stopping the workers: the last
     checkpoint stays on disk and the next launch with the same run dir resumes from it."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _raise_terminated)
+    install_signal_handlers()
     cfg = with_absolute_paths(cfg, root)
     if root is not None:
         # The job then works in root: what a library writes relative to the working directory (mlflow's artifact
@@ -120,6 +132,7 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
     # Ray only once the config, data and resume point are known good: their errors come first, and fast.
     prepare_store(cfg)  # mlflow's import and store creation overlap Ray's start
     connect_ray(cfg)
+    install_signal_handlers()  # again: ray.init replaced the SIGTERM handler
     attached = cfg.serve.app_name in deployed_apps()
     if attached and (cfg.serve.placement.resources or cfg.serve.placement.label_selector):
         log.warning("serve.placement is not applied: the run attaches to the rollout app %r already deployed, whose "
@@ -165,7 +178,7 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
 
     # 4. Agent workers, validation before training, the coordinator (admission); then the publisher may publish.
     run_id = tracker.mlflow_run_id or uuid.uuid4().hex[:8]
-    spec = AgentWorkerSpec.from_config(cfg, tokenizer_path=tokenizer_path)
+    spec = AgentWorkerSpec.from_config(cfg, tokenizer_path=tokenizer_path, openai_base_url=ingress_url(cfg.serve))
     tracer_factory = _tracer_factory(cfg, run_id)
     agent = cfg.actor_rollout_ref.rollout.agent
     workers = [AgentWorker.options(**agent.placement.actor_options()).remote(

@@ -11,7 +11,9 @@ process of that job's own cluster (found among the job's descendant processes by
   3 steps (``--fault-step`` - 1 in shorter runs);
 * ``agent_worker``: ``kill -9`` one of two agent workers;
 * ``over_asked``: no kill; two replicas of 0.5 CPU, the ingress and the learner on a 2-CPU box;
-* ``sigint``: Ctrl-C to the job, then the same command again (it resumes from the checkpoint).
+* ``sigint``: Ctrl-C to the job, then the same command again (it resumes from the checkpoint);
+* ``sigterm``: ``kill -TERM`` to the job (what ``ray job stop`` and a pod's shutdown send), then the same command
+  again: exit 143, then a resumed run that finishes.
 
 Row: fault, exit code(s), steps done, groups trained / failed / retried (re-dispatched groups and re-sent
 generates), log lines naming the fault, wall seconds, verdict computed from the row against the fault's goal.
@@ -34,7 +36,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 GOAL = "every injected fault meets its goal (exit code, steps, failed groups, log lines)"
-FAULTS = ("replica", "train_worker", "agent_worker", "over_asked", "sigint")
+FAULTS = ("replica", "train_worker", "agent_worker", "over_asked", "sigint", "sigterm")
+STOPS = {"sigint": 130, "sigterm": 143}  # faults that stop the job: its exit code, then a relaunch must finish
 APP = "chaos"
 # Ray's process titles of the parts a fault kills
 TITLES = {"replica": f"ServeReplica:{APP}:RolloutServer", "train_worker": "RayTrainWorker",
@@ -44,7 +47,8 @@ MENTIONS = {"replica": r"ActorDiedError|RayActorError|replica .*died|ActorUnavai
             "train_worker": r"RayTrainWorker|learner restarted|restarted from the step|WorkerGroup|worker group",
             "agent_worker": r"AgentWorker|agent worker",
             "over_asked": r"does not fit the cluster|CPUs asked",
-            "sigint": r"interrupted|KeyboardInterrupt|resum"}
+            "sigint": r"interrupted|KeyboardInterrupt|resum",
+            "sigterm": r"SIGTERM|resum"}
 
 
 @dataclass
@@ -72,8 +76,9 @@ class Outcome:
             return (self.codes[:1] != [0] and self.wall_s < 60 and "CPUs asked" in self.output,
                     "non-zero exit within 60 s naming CPUs asked vs available")
         full = self.steps == self.total_steps
-        if faults[-1] == "sigint":
-            ok, goals = self.codes == [130, 0] and full, ["exit 130, the rerun finishes"]
+        if faults[-1] in STOPS:
+            code = STOPS[faults[-1]]
+            ok, goals = self.codes == [code, 0] and full, [f"exit {code}, the rerun finishes"]
         else:
             ok, goals = self.codes == [0] and full, ["exit 0, all steps"]
         ok = ok and self.injected
@@ -87,7 +92,7 @@ class Outcome:
                 # its groups are re-dispatched, so none should fail (stricter than "failed <= groups it held")
                 ok = ok and self.failed == 0 and self.mentions < 100
                 goals.append("0 failed (its groups re-dispatched), < 100 log lines")
-            elif fault == "sigint":
+            elif fault in STOPS:
                 ok, goals = ok and self.checkpoint and self.resumed_from > 0, goals + ["checkpoint on disk, resumed"]
         return ok, ", ".join(goals)
 
@@ -157,8 +162,8 @@ def _wait(proc: subprocess.Popen, timeout_s: float) -> int:
 
 def inject(fault: str, proc: subprocess.Popen) -> bool:
     """Kill one process of the fault's kind (or Ctrl-C the job). True when something was hit."""
-    if fault == "sigint":
-        proc.send_signal(signal.SIGINT)
+    if fault in STOPS:
+        proc.send_signal(signal.SIGINT if fault == "sigint" else signal.SIGTERM)
         return True
     title = TITLES[fault]
     victims = [pid for pid, args in descendants(proc.pid) if title in args]
@@ -180,8 +185,8 @@ def run_faults(faults: list[tuple[str, int]], work: Path, model: Path, rows: Pat
     ``sigint`` last: the job is then launched again and must finish). The row's numbers, ``versions`` from the
     first launch (a relaunch restarts its numbering at the checkpoint's version)."""
     names = [fault for fault, _ in faults]
-    if "sigint" in names[:-1] or ("over_asked" in names and len(faults) > 1):
-        raise ValueError(f"{names}: sigint can only come last, and over_asked only alone")
+    if any(n in STOPS for n in names[:-1]) or ("over_asked" in names and len(faults) > 1):
+        raise ValueError(f"{names}: sigint/sigterm can only come last, and over_asked only alone")
     name = "+".join(names)
     run_dir = work / name / "run"
     run_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -190,7 +195,7 @@ def run_faults(faults: list[tuple[str, int]], work: Path, model: Path, rows: Pat
               "train_worker": ["trainer.max_failures=2"],
               "agent_worker": ["actor_rollout_ref.rollout.agent.num_workers=2"],
               "over_asked": ["serve.min_replicas=2", "serve.max_replicas=2", "serve.num_cpus_per_replica=0.5"],
-              "sigint": []}
+              "sigint": [], "sigterm": []}
     cmd = command(run_dir, model, rows, steps, save_freq, [arg for fault in names for arg in extras[fault]])
     out = Outcome(name, total_steps=steps)
     started = time.perf_counter()
@@ -207,7 +212,7 @@ def run_faults(faults: list[tuple[str, int]], work: Path, model: Path, rows: Pat
     out.injected = bool(hits) and all(hits)
     out.codes.append(_wait(proc, timeout_s))
     out.versions = [int(row["policy_version"]) for row in _train_rows(run_dir)]
-    if names[-1] == "sigint":
+    if names[-1] in STOPS:
         out.checkpoint = any((run_dir / "ray_train").glob("*/step_*/state.pt"))
         logs.append(run_dir.parent / "rerun.log")
         rerun = _start(cmd, logs[1])

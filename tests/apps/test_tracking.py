@@ -54,3 +54,19 @@ def test_a_store_prepared_ahead_has_tables_but_no_run_until_the_tracker_starts_o
     tracker.finish()
     run = mlflow.MlflowClient(tracking_uri=cfg.tracking.mlflow_tracking_uri).get_run(tracker.mlflow_run_id)
     assert run.info.run_name == "prepared" and run.data.metrics["reward/mean"] == 0.5
+
+
+def test_a_step_redone_after_a_learner_restart_replaces_its_row(tmp_path):
+    cfg = load_config(None, ["trainer.logger=[file]"])
+    tracker = RunTracker(cfg, tmp_path / "run", ray_metrics=False)
+    tracker.log_step(0, {"val-core/x/acc/mean@1": 0.1})  # validation rows have no policy version: never replaced
+    for step, version in ((1, 1), (2, 2), (3, 3), (4, 4)):
+        tracker.log_step(step, {"policy_version": version, "reward/mean": step / 10})
+    tracker.log_step(4, {"val-core/x/acc/mean@1": 0.4})
+    tracker.log_step(3, {"policy_version": 5, "reward/mean": 0.33})  # restored from the step-2 checkpoint
+    tracker.log_step(4, {"policy_version": 6, "reward/mean": 0.44})
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    train = [(r["step"], r["policy_version"], r.get("redone", 0)) for r in rows if "policy_version" in r]
+    assert train == [(1, 1, 0), (2, 2, 0), (3, 5, 1), (4, 6, 0)]
+    assert [r["step"] for r in rows if "val-core/x/acc/mean@1" in r] == [0, 4]
+    assert [r["step"] for r in tracker.history if "policy_version" in r] == [1, 2, 3, 4]
