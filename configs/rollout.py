@@ -11,7 +11,7 @@ from configs.base import ConfigWarning, Section
 from configs.sections import Placement
 
 ParserName = Literal["qwen25_coder", "hermes", "qwen3_xml"]
-AgentLoopName = Literal["single_turn_agent", "tool_agent", "tool_agent_loop", "langgraph_sql"]
+AgentLoopName = Literal["single_turn_agent", "tool_agent", "tool_agent_loop", "langgraph_sql", "agent_lightning"]
 
 
 VERL_ONLY_ENGINES = ("sglang", "trtllm")  # verl's engines tandem-rl does not have: their kwargs load, unused

@@ -11,6 +11,7 @@ from configs.actor import ActorConfig, ModelConfig, RefConfig
 from configs.base import ConfigWarning, Section
 from configs.rollout import RolloutConfig
 from configs.sections import (
+    AgentLightningConfig,
     AlgorithmConfig,
     CustomRewardFunctionConfig,
     DataConfig,
@@ -70,6 +71,8 @@ class TandemConfig(Section):
     """verl's legacy reward section: ``reward_kwargs`` only."""
     reward: RewardConfig = Field(default_factory=RewardConfig)
     """verl 0.9's reward section: ``custom_reward_function`` only."""
+    agent_lightning: AgentLightningConfig = Field(default_factory=AgentLightningConfig)
+    """Agent Lightning 1.x agents driven through an ``agl-server`` (the ``agent_lightning`` agent loop)."""
 
     @property
     def reward_function(self) -> CustomRewardFunctionConfig | None:
@@ -142,6 +145,10 @@ class TandemConfig(Section):
                 ConfigWarning,
                 stacklevel=2,
             )
+        agl = self.agent_lightning
+        if rollout.agent.default_agent_loop == "agent_lightning" and not (agl.server_url and agl.agent_class):
+            raise ValueError("default_agent_loop=agent_lightning needs agent_lightning.server_url (agl-server) and "
+                             "agent_lightning.agent_class (the agent agl-controller runs)")
         return self
 
     @property

@@ -240,6 +240,39 @@ class ServeConfig(Section):
     """Serve autoscaling downscale delay."""
 
 
+class AgentLightningConfig(Section):
+    """Agent Lightning 1.x agents as the trajectory source (the ``agent_lightning`` loop): tandem-rl drives an
+    ``agl-server`` over HTTP, which runs the user's unchanged agent through ``agl-controller``."""
+
+    server_url: str | None = None
+    """``agl-server``'s URL (e.g. ``http://127.0.0.1:8181``); required by rows whose agent is ``agent_lightning``."""
+    api_key_env: str | None = None
+    """Environment variable holding the server's ``key`` (sent as a bearer token); unset = the server has none."""
+    model_name: str = "tandem"
+    """The model name the rollout app is registered under: must equal the server's ``default_proxy.model_name``
+    (its proxy answers 503 "No servers available" otherwise)."""
+    agent_class: str | None = None
+    """The agent ``agl-controller`` runs per rollout (``package.module.Class`` or ``package.module:Class``)."""
+    env_map: dict[str, str] = Field(default_factory=dict)
+    """Environment variables of the agent process, each from the rollout input (``input.question``) or literal."""
+    input_fields: dict[str, str] = Field(default_factory=dict)
+    """Fields added to a rollout's ``input``, each a path into the row: ``messages.-1.content``, ``ground_truth``,
+    ``data_source``, ``extra_info.<key>``. The input always carries ``data_id``, ``messages``, ``ground_truth``,
+    ``data_source`` and the row's ``extra_info`` keys."""
+    timeout_s: float = Field(default=600.0, gt=0)
+    """The rollout's ``timeout_seconds``: the controller kills the agent after it; tandem-rl waits this plus
+    ``wait_margin_s`` for a terminal state, then deletes the rollout and counts the group failed."""
+    wait_margin_s: float = Field(default=60.0, ge=0)
+    """Extra seconds to wait beyond ``timeout_s`` (the controller polls every ``local_runner.poll_interval`` s)."""
+    poll_interval_s: float = Field(default=0.5, gt=0)
+    """How often a rollout's state is read."""
+    missing_reward: Literal["zero", "error"] = "zero"
+    """A rollout that succeeded without a reward event: ``zero`` scores it 0 (as Agent Lightning's VERL trainer
+    does with ``reward_fillna_value``) and counts it in ``agl_missing_reward``; ``error`` fails its group."""
+    keep_rollouts: bool = False
+    """Leave finished rollouts on the server (its store is in memory: by default each is deleted once read)."""
+
+
 class StreamConfig(Section):
     enabled: bool = True
     """Train on groups as they complete while generation goes on (False = batch-synchronous baseline)."""

@@ -30,6 +30,7 @@ from ray.serve.handle import DeploymentHandle
 from agents.chat import ChatDelta
 from agents.data.rows import DatasetRow
 from agents.loops import AgentContext, Episode, EpisodeResult, LoopLimits, episodes_for_row, run_episode
+from agents.loops.agent_lightning import AglClient, AglSettings
 from agents.loops.episode import custom_reward
 from agents.loops.tracing import NullTracer, Tracer
 from agents.parsers import parse_tool_calls
@@ -83,6 +84,7 @@ class AgentWorkerSpec:
     tool_max_concurrency: int | None = None  # tools.max_concurrency: tool calls in flight per worker
     # a user's verl-style reward function: (file, function name, reward_kwargs); None = the built-in rewards
     reward_function: tuple[str, str, dict[str, Any]] | None = None
+    agent_lightning: Any = None  # AglSettings: episodes run by Agent Lightning agents through agl-server
 
     @classmethod
     def from_config(cls, cfg: Any, *, tokenizer_path: str | None = None, openai_base_url: str = "") -> AgentWorkerSpec:
@@ -105,6 +107,7 @@ class AgentWorkerSpec:
             default_agent_loop=rollout.agent.default_agent_loop,
             max_concurrent_episodes=rollout.agent.max_concurrent_episodes,
             openai_base_url=openai_base_url,
+            agent_lightning=AglSettings.from_config(cfg.agent_lightning),
             reward_function=(None if cfg.reward_function is None else
                              (cfg.reward_function.path, cfg.reward_function.name, dict(cfg.reward_function.reward_kwargs))),
         )
@@ -168,6 +171,8 @@ class AgentWorkerImpl:
             **({} if spec.reward_function is None else {"reward": custom_reward(load_custom_reward(*spec.reward_function))}),
             run_id=self.run_id,
             openai_base_url=spec.openai_base_url,
+            agent_lightning=(AglClient(spec.agent_lightning, spec.openai_base_url)
+                             if spec.agent_lightning is not None else None),
         )
         self._slots = asyncio.Semaphore(spec.max_concurrent_episodes)
 
@@ -217,7 +222,7 @@ class AgentWorkerImpl:
 
         async def one_row(row: DatasetRow, group_id: str) -> list[ScoredSample]:
             episodes = episodes_for_row(row, n, sampling, group_id=group_id, step=step,
-                                        default_agent_loop=self.spec.default_agent_loop)
+                                        default_agent_loop=self.spec.default_agent_loop, validation=True)
             results = await asyncio.gather(*(self._episode(e) for e in episodes))
             return [self._scored(row, r.trajectory) for r in results]
 

@@ -31,11 +31,18 @@ async def _langgraph_sql(ctx: AgentContext, episode: Episode) -> EpisodeResult:
     return await run_langgraph_sql(ctx, episode)
 
 
+async def _agent_lightning(ctx: AgentContext, episode: Episode) -> EpisodeResult:
+    from agents.loops.agent_lightning import run_agent_lightning
+
+    return await run_agent_lightning(ctx, episode)
+
+
 AGENT_LOOPS: dict[str, LoopRunner] = {
     "single_turn_agent": _single_turn,
     "tool_agent": _tool_agent,
     "tool_agent_loop": _tool_agent,  # verl's name for the same loop
     "langgraph_sql": _langgraph_sql,
+    "agent_lightning": _agent_lightning,
 }
 
 

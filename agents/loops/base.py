@@ -75,6 +75,8 @@ class AgentContext:
     """The rollout app's OpenAI endpoint (``http://host:port``), for loops that speak OpenAI (langgraph_sql)."""
     tool_slots: asyncio.Semaphore | None = None
     """Tool calls in flight across the worker's episodes (``tools.max_concurrency``); None = no bound."""
+    agent_lightning: Any = None
+    """The worker's ``AglClient`` (``agents.loops.agent_lightning``) when ``agent_lightning.server_url`` is set."""
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,8 @@ class Episode:
     tools_kwargs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     step: int = 0
     sample_index: int = 0
+    validation: bool = False
+    """A validation episode (nothing of it is trained on)."""
 
 
 def sample_seed(group_id: str, sample_index: int) -> int:
@@ -84,6 +86,7 @@ def episodes_for_row(
     group_id: str,
     step: int = 0,
     default_agent_loop: str = "single_turn_agent",
+    validation: bool = False,
 ) -> list[Episode]:
     """The ``n`` episodes of one row: one ``group_id``, own ``trajectory_id`` and seed each.
 
@@ -105,6 +108,7 @@ def episodes_for_row(
             tools_kwargs=dict(row.extra_info.tools_kwargs),
             step=step,
             sample_index=i,
+            validation=validation,
         )
         for i in range(n)
     ]

@@ -174,3 +174,13 @@ def test_validation_keys_load_and_lr_zero_is_a_control():
     assert cfg.actor_rollout_ref.model.lora_adapter_path == "a/v3" and cfg.actor_rollout_ref.actor.optim.lr == 0.0
     with pytest.raises(ConfigError, match="optim.lr"):
         load_config(None, ["actor_rollout_ref.actor.optim.lr=-1e-4"])
+
+
+def test_the_agent_lightning_loop_needs_a_server_and_an_agent_class():
+    with pytest.raises(ConfigError, match="agent_lightning.server_url .* agent_lightning.agent_class"):
+        load_config("configs/demo_cpu.yaml", ["actor_rollout_ref.rollout.agent.default_agent_loop=agent_lightning"])
+    cfg = load_config("configs/demo_cpu.yaml", [
+        "actor_rollout_ref.rollout.agent.default_agent_loop=agent_lightning",
+        "agent_lightning.server_url=http://127.0.0.1:8181", "agent_lightning.agent_class=pkg.mod.Agent",
+        "agent_lightning.env_map={QUESTION: input.question}"])
+    assert cfg.agent_lightning.env_map == {"QUESTION": "input.question"} and cfg.agent_lightning.timeout_s == 600

@@ -25,7 +25,7 @@ def _row(**extra: object) -> DatasetRow:
 
 @pytest.mark.unit
 def test_agent_loop_table_and_default() -> None:
-    assert set(AGENT_LOOPS) == {"single_turn_agent", "tool_agent", "tool_agent_loop", "langgraph_sql"}
+    assert set(AGENT_LOOPS) == {"single_turn_agent", "tool_agent", "tool_agent_loop", "langgraph_sql", "agent_lightning"}
     assert AGENT_LOOPS["tool_agent_loop"] is AGENT_LOOPS["tool_agent"]
     assert loop_for(None, "tool_agent") is AGENT_LOOPS["tool_agent"]
     assert loop_for("single_turn_agent", "tool_agent") is AGENT_LOOPS["single_turn_agent"]
