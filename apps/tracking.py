@@ -131,6 +131,19 @@ class RunTracker:
         self._gauges = {key: metrics.Gauge(name, description=f"tandem-rl {key}")
                         for key, name in _RAY_GAUGES.items()}
 
+    def recover_steps(self, learner_rows: list[dict[str, float]], upto: int) -> list[int]:
+        """A run stopped after its learner finished and checkpointed a step but before this process logged the step's
+        row (SIGTERM between the two) resumes past that step: its row is rebuilt from the learner's own line
+        (``learner_metrics.jsonl``; the step's rollout metrics went with the stopped buffer) and marked ``recovered``.
+        Returns the steps recovered."""
+        have = {int(r["step"]) for r in self._earlier if "policy_version" in r}
+        missing = [r for r in learner_rows if 1 <= int(r["step"]) <= upto and int(r["step"]) not in have]
+        if missing:
+            rows = self._earlier + [{**{k: float(v) for k, v in r.items() if _is_number(v)}, "recovered": 1.0}
+                                    for r in missing]
+            self._earlier = sorted(rows, key=lambda r: r.get("step", 0))  # stable: a step's rows keep their order
+        return [int(r["step"]) for r in missing]
+
     def log_step(self, step: int, metrics: dict[str, float]) -> None:
         """One row per call; a training row (it has ``policy_version``) for a step already logged — the learner
         restarted in-run from a checkpoint older than that step and redid it — replaces the training rows from that

@@ -37,7 +37,7 @@ from deployments.agent_workers import AgentWorker, AgentWorkerSpec
 from trainers.admission import AdmissionController
 from trainers.buffer import TrajectoryBuffer
 from trainers.storage import checkpoint_root
-from trainers.trainer import build_trainer, resume_point
+from trainers.trainer import build_trainer, read_metrics, resume_point
 
 log = logging.getLogger("tandem_rl.train")
 
@@ -141,6 +141,12 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
     # every node a role can land on: checkpoint storage, trace store and the files it reads (multi-node clusters)
     check_cluster(cfg, rows + val_rows, tools, deploy_rollout=not attached, learner=not cfg.trainer.val_only)
     tracker = RunTracker(cfg, run_dir)  # after the checks that can refuse the run: no mlflow run left open
+    if resume:
+        recovered = tracker.recover_steps(read_metrics(run_dir), resume["step"])
+        if recovered:
+            log.warning("steps %s were trained and checkpointed but their rows were not logged before the run stopped: "
+                        "rebuilt from learner_metrics.jsonl (marked recovered; their rollout metrics are lost)",
+                        recovered)
 
     # 2. The buffer (a bounded queue), the metrics sink, the publisher, and the learner: Ray Train GRPO in a thread,
     #    started first so its workers' start-up (process, imports, model load: ~30 s on a 2-core box) overlaps the

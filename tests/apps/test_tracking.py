@@ -70,3 +70,22 @@ def test_a_step_redone_after_a_learner_restart_replaces_its_row(tmp_path):
     assert train == [(1, 1, 0), (2, 2, 0), (3, 5, 1), (4, 6, 0)]
     assert [r["step"] for r in rows if "val-core/x/acc/mean@1" in r] == [0, 4]
     assert [r["step"] for r in tracker.history if "policy_version" in r] == [1, 2, 3, 4]
+
+
+def test_a_step_checkpointed_but_not_logged_before_a_stop_is_recovered_from_the_learners_line(tmp_path):
+    cfg = load_config(None, ["trainer.logger=[file]"])
+    first = RunTracker(cfg, tmp_path / "run", ray_metrics=False)
+    first.log_step(0, {"val-core/x/acc/mean@1": 0.1})
+    for step in (1, 2, 3):
+        first.log_step(step, {"policy_version": step, "reward/mean": step / 10, "timing/rollout_s": 1.0})
+    # SIGTERM after the learner finished and checkpointed step 4, before step 4's row was logged; the relaunch
+    # resumes from the step-4 checkpoint
+    learner = [{"step": s, "policy_version": s, "reward/mean": s / 10, "note": "text"} for s in (1, 2, 3, 4)]
+    relaunch = RunTracker(cfg, tmp_path / "run", ray_metrics=False)
+    assert relaunch.recover_steps(learner, upto=4) == [4]
+    assert relaunch.recover_steps(learner, upto=4) == []  # once
+    relaunch.log_step(5, {"policy_version": 5, "reward/mean": 0.5})
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r.get("recovered", 0)) for r in rows] == [(0, 0), (1, 0), (2, 0), (3, 0), (4, 1), (5, 0)]
+    assert rows[4]["reward/mean"] == 0.4 and "note" not in rows[4] and "timing/rollout_s" in rows[3]
+    assert [r["step"] for r in relaunch.history] == [0, 1, 2, 3, 4, 5]
