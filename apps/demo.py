@@ -94,7 +94,7 @@ def cold_start(cfg: TandemConfig, data_key: str) -> str:
     if _stage_done(out, key):
         print(f"[3/4] SFT cold start: cached at {out}")
         return key
-    from apps.driver import connect_ray
+    from orchestration.driver import connect_ray
     from trainers.sft import run_sft
 
     started = time.perf_counter()
@@ -114,7 +114,7 @@ def cold_start(cfg: TandemConfig, data_key: str) -> str:
 def grpo(cfg: TandemConfig, sft_key: str, stage: str = "[4/4]", tools: str = "the calculator tool") -> int:
     """Stage 4; a finished run with the same config and cold start (``sft_key``: whatever the run starts from) is
     shown from its files, not rerun."""
-    from apps.driver import summary_table
+    from orchestration.driver import summary_table
     from apps.train import run
 
     run_dir = Path(cfg.trainer.run_dir)
@@ -165,6 +165,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from apps.driver import cli
+    from orchestration.driver import cli
 
     sys.exit(cli(main))

@@ -80,6 +80,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from apps.driver import cli
+    from orchestration.driver import cli
 
     sys.exit(cli(main))

@@ -126,7 +126,7 @@ def _load(source: str, scratch: Path):
     if source in GGUF_SOURCES:
         with _gguf_file(source, scratch) as (folder, filename):
             return _load_from(folder, gguf_file=filename)
-    from apps.model_paths import resolve_model_path
+    from deployments.model_paths import resolve_model_path
 
     return _load_from(resolve_model_path(source))
 

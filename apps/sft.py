@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("overrides", nargs="*", help="verl-style dotted overrides, e.g. sft.epochs=2")
     args = parser.parse_args(argv)
     cfg = load_config(args.config, args.overrides)
-    from apps.driver import connect_ray
+    from orchestration.driver import connect_ray
 
     connect_ray(cfg)
     trainer = cfg.trainer

@@ -54,7 +54,7 @@ def build_adapters(model_dir: Path, out: Path, count: int) -> list[Path]:
 def publish_times(model_dir: Path, adapters: list[Path], node_resource: str, replicas: int) -> list[float]:
     """Deploy ``replicas`` replicas on the node with ``node_resource``, publish every adapter, time each publish."""
     from agents.records import AdapterRef
-    from apps.rollout import delete_rollout_app, deploy_rollout_app, publish_adapter
+    from deployments.rollout_app import delete_rollout_app, deploy_rollout_app, publish_adapter
     from configs import load_config
     from trainers.publisher import shareable
 

@@ -117,7 +117,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from apps.make_tiny_model import build_tiny_model
-    from apps.rollout import RolloutAppArgs, build_app, rollout_handle
+    from deployments.rollout_app import RolloutAppArgs, build_app, rollout_handle
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     with tempfile.TemporaryDirectory() as tmp:

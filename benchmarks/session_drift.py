@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     from agents.tools.calculator import CalculatorTool
-    from apps.rollout import RolloutAppArgs, build_app, ingress_handle
+    from deployments.rollout_app import RolloutAppArgs, build_app, ingress_handle
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_config=ray.LoggingConfig(log_level="WARNING"))
     port = _free_port()

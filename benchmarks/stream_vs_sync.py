@@ -137,7 +137,7 @@ class Run:
         return times
 
     async def stream(self, max_staleness: int, abort_stale: bool, *, fixed_set: bool = False) -> list[float]:
-        """As ``apps.coordinator``: admit tickets, start groups, sleep until a publish, a group's end or a drop.
+        """As ``orchestration.coordinator``: admit tickets, start groups, sleep until a publish, a group's end or a drop.
         ``fixed_set``: the data are the ``steps x groups`` groups the sync run trains and no more, so the last steps
         wait for that set's slowest groups, as sync does at every step."""
         total = self.steps * self.groups if fixed_set else None

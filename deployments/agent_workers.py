@@ -9,7 +9,7 @@ trainer can start on early groups while slow ones still run. ``validate_rows`` r
 same loops, tools and rollout app with the validation sampling, and returns them scored instead of feeding the
 trainer.
 
-Tracing is injected as a factory (``apps.tracing`` builds the mlflow tracer): this layer never imports mlflow.
+Tracing is injected as a factory (``observability.tracing`` builds the mlflow tracer): this layer never imports mlflow.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``RolloutServer``: token-in/token-out generation over an injected engine (deployments layer).
 
-A plain class — tests build it around a real ``HFEngine``; ``apps.rollout`` turns ``RolloutReplica`` (the
+A plain class — tests build it around a real ``HFEngine``; ``deployments.rollout_app`` turns ``RolloutReplica`` (the
 same class plus a constructor that builds the engine from an ``EngineSpec`` inside the replica and
 follows the app's ``AdapterRegistry``) into a Ray Serve deployment.
 

@@ -1,6 +1,6 @@
 """The trajectory buffer between agent workers and the learner (trainers layer): a bounded queue.
 
-A plain asyncio class; ``apps/`` runs it as a Ray async actor. Agent workers ``put_group`` finished
+A plain asyncio class; ``orchestration.run`` runs it as a Ray async actor. Agent workers ``put_group`` finished
 groups (waiting while the queue is full: back-pressure, nothing is lost); the learner's ``next_batch(step)``
 takes the first ``batch_groups`` groups in completion order. Steps count from 1 and step ``s`` trains policy
 version ``s - 1``, so the staleness of a group trained at step ``s`` is ``s - 1 - policy_version`` (the oldest

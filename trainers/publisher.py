@@ -1,7 +1,7 @@
 """Adapter publishing (trainers layer).
 
 The worker hands each new ``AdapterRef`` to a publisher: a Ray actor handle with ``publish(ref)`` or a
-plain callable. ``AdapterLog`` records what was published; ``apps/`` later swaps in (or chains) a
+plain callable. ``AdapterLog`` records what was published; ``orchestration/`` later swaps in (or chains) a
 publisher that loads the adapter on every rollout replica.
 """
 

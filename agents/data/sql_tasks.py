@@ -106,7 +106,7 @@ def sql_splits(db_paths: dict[str, Path]) -> dict[str, list[DatasetRow]]:
     }
 
 
-# Data sources of the family splits: sql/<group>:<family>; validation also reports each group (apps.validation).
+# Data sources of the family splits: sql/<group>:<family>; validation also reports each group (orchestration.validation).
 TRAIN_GROUP, SAME_GROUP, HELDOUT_GROUP = "sql/train", "sql/same_family", "sql/heldout_family"
 
 

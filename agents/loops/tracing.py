@@ -1,4 +1,4 @@
-"""The tracing protocol agent loops report to (agents layer: pure; the mlflow tracer lives in apps/).
+"""The tracing protocol agent loops report to (agents layer: pure; the mlflow tracer lives in observability/tracing.py).
 
 A loop asks for an episode span once; ``None`` means the episode is not traced (sampling cap, tracing
 off) and every later call is skipped. Spans are opaque handles owned by the tracer.

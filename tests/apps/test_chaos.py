@@ -1,7 +1,7 @@
 """Faults injected into real training jobs (``benchmarks.chaos``, shortened): the learner's Ray Train worker killed
 mid-run, then Ctrl-C and a relaunch (both in one job), and a config that over-asks the cluster. Each job is its own
 process with its own local Ray cluster. (A killed rollout replica and agent worker: tests/deployments/test_routing.py,
-test_generate_retry.py and tests/apps/test_coordinator_unit.py; all five in ``python -m benchmarks.chaos``.)"""
+test_generate_retry.py and tests/orchestration/test_coordinator_unit.py; all five in ``python -m benchmarks.chaos``.)"""
 
 from __future__ import annotations
 

@@ -89,7 +89,7 @@ def test_rayjob_places_each_role_on_a_worker_group_and_assumes_no_shared_disk():
         groups = [g for g, have in declared.items() if all(have.get(k, 0) >= v for k, v in placement.resources.items())]
         assert groups, f"{role}: no worker group declares {placement.resources} (declared: {declared})"
     # the resource plan the run checks at start fits the cluster the manifest asks for
-    from apps.driver import resource_plan
+    from orchestration.driver import resource_plan
 
     spec = job["spec"]["rayClusterSpec"]
     head_limits = spec["headGroupSpec"]["template"]["spec"]["containers"][0]["resources"]["limits"]

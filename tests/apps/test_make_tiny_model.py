@@ -9,7 +9,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from apps.make_tiny_model import TOOL_TOKENS, build_tiny_model, main, train_tokenizer
-from apps.model_paths import resolve_model_path
+from deployments.model_paths import resolve_model_path
 
 SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
 SCHEMA = {

@@ -176,7 +176,7 @@ def sql_rollout_app(agents_ray: None, sql_model_dir: Path) -> Iterator[dict[str,
     """The real rollout app (RolloutServer + OpenAI ingress) serving the SQL-taught tiny model."""
     from ray import serve
 
-    from apps.rollout import RolloutAppArgs, build_app, ingress_handle, rollout_handle
+    from deployments.rollout_app import RolloutAppArgs, build_app, ingress_handle, rollout_handle
 
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})

@@ -37,7 +37,7 @@ class RolloutApp:
         import ray
 
         from agents.records import AdapterRef
-        from apps.rollout import publish_adapter
+        from deployments.rollout_app import publish_adapter
         from deployments.adapter_registry import get_adapter_registry
 
         version = ray.get(get_adapter_registry(self.name).latest.remote()).version + 1
@@ -86,7 +86,7 @@ def rollout_app(ray_cluster, tiny_model_dir: Path) -> RolloutApp:
     it)."""
     from ray import serve
 
-    from apps.rollout import RolloutAppArgs, build_app, ingress_handle, rollout_handle
+    from deployments.rollout_app import RolloutAppArgs, build_app, ingress_handle, rollout_handle
 
     from ray.serve.context import _get_global_client
 

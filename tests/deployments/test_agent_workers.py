@@ -103,7 +103,7 @@ def test_agent_worker_emits_groups_to_the_sink_and_traces(sql_rollout_app: dict,
     import mlflow
     import ray
 
-    from apps.tracing import MlflowTracer, make_tracer
+    from observability.tracing import MlflowTracer, make_tracer
     from configs import load_config
     from deployments.agent_workers import AgentWorker, AgentWorkerSpec
 
@@ -203,7 +203,7 @@ def test_validation_runs_the_same_loops_greedy_is_repeatable_and_never_feeds_the
         sql_rollout_app: dict, insurance_db_path: Path, tmp_path: Path) -> None:
     import ray
 
-    from apps.validation import Validator, val_sampling
+    from orchestration.validation import Validator, val_sampling
     from configs import load_config
     from deployments.agent_workers import AgentWorker, AgentWorkerSpec
 

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from apps.rollout import RolloutAppArgs, args_from_config
+from deployments.rollout_app import RolloutAppArgs, args_from_config
 from configs import ConfigWarning, load_config
 from tests.deployments.conftest import ROOT
 
@@ -69,7 +69,7 @@ def test_args_from_config_hf_drains_on_swap_without_partial_rollouts(overrides):
 
 @pytest.mark.unit
 def test_an_unknown_hf_engine_kwarg_is_rejected_before_any_replica_starts():
-    from apps.rollout import build_app
+    from deployments.rollout_app import build_app
 
     with pytest.raises(ValueError, match=r"\['prefix_cache_entries'\]: not options of the hf engine.*prefix_cache_mib"):
         build_app(RolloutAppArgs(engine_kwargs={"prefix_cache_entries": 4, "prefix_cache_mib": 64}))
@@ -100,7 +100,7 @@ def test_deploy_rollout_app_from_a_config(rollout_app, tiny_model_dir):
     from ray import serve
 
     from agents.records import GenerateRequest, SamplingParams
-    from apps.rollout import deploy_rollout_app
+    from deployments.rollout_app import deploy_rollout_app
 
     port = int(rollout_app.base_url.split(":")[-1].split("/")[0])
     cfg = _config(

@@ -16,8 +16,8 @@ from ray import serve
 from transformers import AutoTokenizer
 
 from agents.records import AdapterRef, GenerateRequest, GenerateResult, SamplingParams
-from apps.publishing import AdapterPublisher, MetricsSink
-from apps.rollout import (ROLLOUT_DEPLOYMENT, RolloutAppArgs, build_app, delete_rollout_app, publish_adapter,
+from orchestration.publishing import AdapterPublisher, MetricsSink
+from deployments.rollout_app import (ROLLOUT_DEPLOYMENT, RolloutAppArgs, build_app, delete_rollout_app, publish_adapter,
                           rollout_handle)
 from deployments.adapter_registry import get_adapter_registry
 from tests.deployments.conftest import MAX_MODEL_LEN, free_port

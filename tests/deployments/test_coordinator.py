@@ -29,7 +29,7 @@ def interrupt_app(ray_cluster, tiny_model_dir):
     """One replica whose engine swaps adapters between decode steps (``stream.partial_rollout``)."""
     from ray import serve
 
-    from apps.rollout import RolloutAppArgs, build_app, rollout_handle
+    from deployments.rollout_app import RolloutAppArgs, build_app, rollout_handle
 
     args = RolloutAppArgs(model=str(tiny_model_dir), parser="qwen25_coder", max_model_len=512, min_replicas=1,
                           max_replicas=1, num_cpus=0.5, engine_kwargs={"max_batch_size": 8, "swap": "interrupt"})
@@ -42,7 +42,7 @@ def _setup(handle, model_dir, run_id: str, *, abort_stale: bool, groups: int = 2
     import ray
 
     from agents.data.rows import DatasetRow
-    from apps.coordinator import CoordinatorActor
+    from orchestration.coordinator import CoordinatorActor
     from configs import load_config
     from deployments.agent_workers import AgentWorker, AgentWorkerSpec
     from trainers.admission import AdmissionController
@@ -74,7 +74,7 @@ def _publish(adapter, version: int) -> None:
     from agents.records import AdapterRef
     from deployments.adapter_registry import get_adapter_registry
 
-    from apps.rollout import publish_adapter
+    from deployments.rollout_app import publish_adapter
 
     registry = get_adapter_registry(APP)
     assert ray.get(registry.latest.remote()).version == version - 1
@@ -84,7 +84,7 @@ def _publish(adapter, version: int) -> None:
 def _accounting(done, buffer):
     import ray
 
-    from apps.coordinator import accounting
+    from orchestration.coordinator import accounting
 
     return accounting(ray.get(done, timeout=60), ray.get(buffer.stats.remote()))
 

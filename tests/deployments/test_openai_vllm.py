@@ -36,7 +36,7 @@ def vllm_app(ray_cluster, tiny_model_dir):
     from ray import serve
     from ray.serve.context import _get_global_client
 
-    from apps.rollout import RolloutAppArgs, build_app, ingress_handle
+    from deployments.rollout_app import RolloutAppArgs, build_app, ingress_handle
     from tests.ray_head import free_port
 
     serve.start(http_options={"host": "127.0.0.1", "port": free_port()})

@@ -75,7 +75,7 @@ def test_serve_deploy_config_becomes_healthy_and_serves_tool_calls(tmp_path):
         wait_for(lambda: _healthy(_dashboard_status(head.dashboard)), 300, f"app {APP} HEALTHY")
         assert _healthy(_serve_status(head.dashboard, env))
         publish = (
-            "import ray; from agents.records import AdapterRef; from apps.rollout import publish_adapter; "
+            "import ray; from agents.records import AdapterRef; from deployments.rollout_app import publish_adapter; "
             f"ray.init(address={head.gcs_address!r}); "
             f"print(publish_adapter({APP!r}, AdapterRef(1, {str(adapter)!r}), wait_s=120))"
         )

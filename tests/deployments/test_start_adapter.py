@@ -39,7 +39,7 @@ def _generate_on_every_replica(handle, replicas: int = 2) -> set[tuple[int, tupl
 
 
 def test_attach_with_a_start_adapter_and_back_to_the_base_model(rollout_app, adapter_paths):
-    from apps.rollout import attach_rollout_app, publish_adapter
+    from deployments.rollout_app import attach_rollout_app, publish_adapter
     from deployments.adapter_registry import get_adapter_registry
 
     previous = ray.get(get_adapter_registry(rollout_app.name).latest.remote())
@@ -62,7 +62,7 @@ def test_attach_with_a_start_adapter_and_back_to_the_base_model(rollout_app, ada
 def test_deploy_with_a_start_adapter(rollout_app, tiny_model_dir, adapter_paths):
     from ray import serve
 
-    from apps.rollout import delete_rollout_app, deploy_rollout_app
+    from deployments.rollout_app import delete_rollout_app, deploy_rollout_app
     from configs import ConfigWarning, load_config
     from deployments.adapter_registry import get_adapter_registry
 

@@ -92,7 +92,7 @@ def test_nothing_is_admitted_beyond_the_bound(seed):
 
 
 def test_accounting_fails_when_a_bucket_is_miscounted():
-    from apps.coordinator import accounting
+    from orchestration.coordinator import accounting
 
     admission = {"groups/admitted": 7, "groups/aborted_in_flight": 1, "groups/failed": 1, "groups/in_flight": 2}
     buffer = {"groups/trained": 2, "groups/dropped_stale": 0, "buffer/depth": 1}

@@ -15,7 +15,7 @@ from agents.data.sql_families import (FAMILIES, SHAPES, answerable, draw, heldou
                                       slot_values, train_families)
 from agents.data.sql_tasks import HELDOUT_GROUP, SAME_GROUP, TRAIN_GROUP, family_splits
 from agents.records import ScoredSample
-from apps.validation import ValidationResult, validation_metrics
+from orchestration.validation import ValidationResult, validation_metrics
 
 pytestmark = pytest.mark.unit
 

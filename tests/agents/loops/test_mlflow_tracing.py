@@ -18,7 +18,7 @@ from tests.agents.loops.scripted import call_text, make_context, make_episode, s
 def test_episode_spans_are_readable_with_search_traces(qwen_tokenizer, tmp_path: Path) -> None:
     import mlflow
 
-    from apps.tracing import MlflowTracer
+    from observability.tracing import MlflowTracer
 
     tracer = MlflowTracer(f"sqlite:///{tmp_path / 'mlruns.db'}", experiment_name="loops-test",
                           token2text=True, max_samples_per_step=2)

@@ -1,4 +1,4 @@
-"""What a training run shows while it runs (apps layer): one progress bar of GRPO steps, one line per
+"""What a training run shows while it runs (orchestration layer): one progress bar of GRPO steps, one line per
 validation, each step's metrics to the tracker, verl's generation dumps.
 
 ``StepLog`` takes finished steps, validations and replica switches from the metrics sink, joins each
@@ -17,9 +17,9 @@ from typing import Any
 import ray
 from tqdm import tqdm
 
-from apps.driver import merge_sources
-from apps.tracking import RunTracker
-from apps.validation import ValidationResult, dump_generations, pick_generations, scored_from_trajectories
+from orchestration.driver import merge_sources
+from observability.tracking import RunTracker
+from orchestration.validation import ValidationResult, dump_generations, pick_generations, scored_from_trajectories
 from configs import TandemConfig
 
 log = logging.getLogger("tandem_rl.progress")

@@ -1,5 +1,5 @@
 """The coordinator: keeps agent workers busy with prompt groups, within the admission bound
-(apps layer: wires deployments' agent workers to the trainers' buffer and admission controller).
+(orchestration layer: wires deployments' agent workers to the trainers' buffer and admission controller).
 
 A Ray async actor. It walks the training rows epoch by epoch (shuffled with the run seed), asks its
 ``AdmissionController`` for tickets, and hands each admitted row to the least busy agent worker. A worker

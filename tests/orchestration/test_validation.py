@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from agents.records import ScoredSample
-from apps.validation import core_accuracy, dump_generations, pick_generations, validation_metrics
+from orchestration.validation import core_accuracy, dump_generations, pick_generations, validation_metrics
 
 pytestmark = pytest.mark.unit
 

@@ -1,8 +1,9 @@
-"""Pieces of the training driver that wire deployments to trainers (apps layer).
+"""Pieces of the training driver that wire deployments to trainers (orchestration layer).
 
-``apps/train.py`` reads top to bottom as the data flow; what it needs beyond one line lives here:
+The stages of ``orchestration.run.TrainingRun`` read top to bottom as the data flow; what they need beyond a line lives
+here:
 connecting to Ray, checking resources, loading and checking the training rows, and the end-of-run summary. The
-publisher and the metrics sink are in ``apps/publishing.py``.
+publisher and the metrics sink are in ``orchestration/publishing.py``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import ray
 
 from agents.data.rows import DatasetRow, load_rows
 from agents.data.truncation import PromptTooLongError
-from apps.cluster import ClusterError
+from orchestration.cluster import ClusterError
 from configs import TandemConfig
 
 log = logging.getLogger("tandem_rl.driver")
@@ -184,7 +185,7 @@ def with_absolute_paths(cfg: TandemConfig, root: Path | None = None) -> TandemCo
     lacks but the working directory has (a tool config shipped in the repo) is taken from there. Model
     paths become local folders (a hub id is fetched once here, on the driver).
     """
-    from apps.model_paths import resolve_model_path
+    from deployments.model_paths import resolve_model_path
     from trainers.storage import is_uri
 
     hint = f"; {JOB_ROOT_HINT}" if root is None else ""

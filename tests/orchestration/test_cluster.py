@@ -1,4 +1,4 @@
-"""Multi-node checks before a run starts (apps/cluster.py): placement decides which nodes a role can use;
+"""Multi-node checks before a run starts (orchestration/cluster.py): placement decides which nodes a role can use;
 a node-local checkpoint folder, a trace store on the driver's disk and a missing file fail with the key, node and
 path. The node lists are hand-written (what ``ray.nodes()`` reports for a head and a worker pod)."""
 
@@ -10,8 +10,8 @@ import ray
 from agents.data import arithmetic
 from agents.data.rows import validate_row
 from agents.tools.registry import load_tools
-from apps import cluster
-from apps.cluster import ClusterError, Node
+from orchestration import cluster
+from orchestration.cluster import ClusterError, Node
 from configs import load_config
 from tests.deployments.conftest import ray_cluster  # noqa: F401  (the session cluster fixture)
 

@@ -1,4 +1,4 @@
-"""Validation with verl's semantics and names (apps layer: wires agent workers to metrics and dumps).
+"""Validation with verl's semantics and names (orchestration layer: wires agent workers to metrics and dumps).
 
 ``Validator.run(step)`` sends every validation row through the agent workers' ``validate_rows`` — the same
 agent loops, tools and rollout app as training, with ``rollout.val_kwargs`` sampling and whatever adapter the

@@ -1,4 +1,4 @@
-"""Run outputs and observability at the edge (apps layer).
+"""Run outputs and observability at the edge (observability layer).
 
 ``RunTracker`` receives the per-step metrics dicts that core code returns and sends them to every
 sink the config names: ``metrics.jsonl`` (always), an mlflow run (sqlite store by default), wandb

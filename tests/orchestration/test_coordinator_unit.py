@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from agents.data.rows import DatasetRow
-from apps.coordinator import Coordinator
+from orchestration.coordinator import Coordinator
 from trainers.admission import AdmissionController
 
 pytestmark = pytest.mark.unit
@@ -78,7 +78,7 @@ def test_a_group_whose_call_is_cut_at_stop_is_counted_once(put):
     the sealed buffer refuses it, so the group is left in flight (not also queued). ``queued``: the group reached
     the queue but the call had not returned; it counts as queued (not also in flight). Either way it balances."""
     from agents.records import Trajectory
-    from apps.coordinator import accounting
+    from orchestration.coordinator import accounting
     from trainers.buffer import TrajectoryBuffer
 
     async def body():

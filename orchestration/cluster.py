@@ -1,4 +1,4 @@
-"""What a run needs from each node of the Ray cluster, checked before anything starts (apps layer).
+"""What a run needs from each node of the Ray cluster, checked before anything starts (orchestration layer).
 
 A cluster of several nodes (KubeRay pods) shares no filesystem. Adapters travel through the object store
 (``AdapterRef.files``); the rest must be true of every node a role can be placed on:
@@ -247,7 +247,7 @@ def _check_assets(placed: list[Role]) -> None:
             where = "" if resolved == path else f" (there: {resolved})"
             problems.append(f"  node {nodes[node_id]}: {path}{where} is missing ({wanted[node_id][path]})")
     if problems:
-        # a hub id became the driver's hub-cache folder (apps/model_paths.py): the other nodes need that cache too
+        # a hub id became the driver's hub-cache folder (deployments/model_paths.py): the other nodes need that cache too
         hub = any("/models--" in line for line in problems)
         raise ClusterError("files the run needs are missing on nodes that may use them:\n" + "\n".join(problems)
                            + "\nPut them on every such node (the image, a volume), or narrow the role's placement "

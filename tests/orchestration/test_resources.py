@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from apps import driver
+from orchestration import driver
 from configs import load_config
 
 pytestmark = pytest.mark.unit
@@ -40,7 +40,7 @@ def test_autoscaling_headroom_counts_and_an_attached_app_is_checked_against_what
 def test_a_taken_dashboard_port_gives_a_free_one():
     import socket
 
-    from apps.driver import _dashboard_port
+    from orchestration.driver import _dashboard_port
 
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
@@ -59,9 +59,9 @@ def test_the_machine_lock_around_ray_init_holds_off_another_process():
     import sys
     import time
 
-    from apps.driver import _machine_lock
+    from orchestration.driver import _machine_lock
 
-    probe = ("from apps.driver import _machine_lock\nprint('waiting', flush=True)\n"
+    probe = ("from orchestration.driver import _machine_lock\nprint('waiting', flush=True)\n"
              "with _machine_lock('test-lock'): print('got it', flush=True)")
     with _machine_lock("test-lock"):
         other = subprocess.Popen([sys.executable, "-c", probe], stdout=subprocess.PIPE, text=True)

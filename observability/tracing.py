@@ -1,4 +1,4 @@
-"""mlflow tracing of agent loops (apps layer: the only place that imports mlflow for traces).
+"""mlflow tracing of agent loops (observability layer: the only place that imports mlflow for traces).
 
 ``MlflowTracer`` implements ``agents.loops.tracing.Tracer``: one root span ``agent_loop`` per traced
 episode (span type AGENT, tagged with step, sample index, agent name, run id, trajectory and group id),

@@ -1,8 +1,8 @@
-"""The training run's signal handlers (apps.train.install_signal_handlers), installed in this process's main thread."""
+"""The training run's signal handlers (orchestration.run.install_signal_handlers), installed in this process's main thread."""
 
 import signal
 
-from apps.train import _raise_terminated, install_signal_handlers
+from orchestration.run import _raise_terminated, install_signal_handlers
 
 
 def test_sigterm_is_ours_and_an_ignored_sigint_is_restored():

@@ -12,7 +12,7 @@ from typing import Any
 import ray
 
 from agents.records import AdapterRef
-from apps.cluster import keep_copy
+from orchestration.cluster import keep_copy
 
 log = logging.getLogger("tandem_rl.publishing")
 
@@ -66,7 +66,7 @@ class AdapterPublisher:
 
     def __init__(self, app_name: str, coordinator: Any, sink: Any, wait_s: float = 300.0, *, validator: Any = None,
                  test_freq: int = -1, total_steps: int | None = None, validate_before_train: bool = False):
-        from apps.rollout import publish_adapter
+        from deployments.rollout_app import publish_adapter
 
         self._publish = publish_adapter
         self._registry_handle: Any = None  # the app's registry, looked up on first use (the app may deploy later)
@@ -151,5 +151,5 @@ class AdapterPublisher:
 
 
 AdapterPublisherActor = ray.remote(num_cpus=0, max_concurrency=8)(AdapterPublisher)
-"""Started on the driver's node (``apps.cluster.on_this_node``): adapters a learner on another node wrote are
+"""Started on the driver's node (``orchestration.cluster.on_this_node``): adapters a learner on another node wrote are
 copied here (``keep_copy``)."""

@@ -1,4 +1,4 @@
-"""Turn ``actor_rollout_ref.model.path`` into a local folder (apps layer: plumbing).
+"""Turn ``actor_rollout_ref.model.path`` into a local folder (deployments layer: plumbing).
 
 A model path is either a local Hugging Face folder (``python -m apps.make_tiny_model --out DIR`` makes
 one) or a hub id such as ``Qwen/Qwen2.5-Coder-1.5B-Instruct``. Local folders need no network; a hub id

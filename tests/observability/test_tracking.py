@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from apps.tracking import RunTracker
+from observability.tracking import RunTracker
 from configs import load_config
 
 pytestmark = pytest.mark.unit
@@ -37,7 +37,7 @@ def test_a_store_prepared_ahead_has_tables_but_no_run_until_the_tracker_starts_o
 
     import mlflow
 
-    from apps import tracking
+    from observability import tracking
 
     monkeypatch.chdir(tmp_path)  # mlflow's default artifact root (./mlruns) lands here
     db = tmp_path / "mlruns.db"
