@@ -55,6 +55,7 @@ def render_text(
 
 
 def encode(tokenizer: ChatTokenizer, text: str) -> list[int]:
+    """Token ids of ``text`` with no special tokens added (the chat template writes its own)."""
     # Chat templates write their own special tokens; a BOS added here would be a second one.
     return list(tokenizer.encode(text, add_special_tokens=False))
 

@@ -50,6 +50,7 @@ def _key(*parts: object) -> str:
 
 
 def prepare_base_model(folder: Path) -> Path:
+    """Stage 1: SmolLM2-135M-Instruct as a Hugging Face folder at ``folder`` (reused when already prepared)."""
     from apps.prepare_model import prepare_model
 
     started = time.perf_counter()
@@ -59,6 +60,7 @@ def prepare_base_model(folder: Path) -> Path:
 
 
 def write_data(cfg: TandemConfig, seed: int) -> str:
+    """Stage 2: the arithmetic train / val rows and cold-start transcripts (cached per seed); returns the cache key."""
     key = _key("data", seed, TRAIN_ROWS, VAL_ROWS, SFT_TRANSCRIPTS, SFT_TOOL_FRACTION)
     if _stage_done(DATA_DIR, key):
         print(f"[2/4] data: cached at {DATA_DIR}")
@@ -89,6 +91,7 @@ def _first(value: str | list[str] | None) -> str:
 
 
 def cold_start(cfg: TandemConfig, data_key: str) -> str:
+    """Stage 3: the SFT cold start into ``sft.output_dir`` (cached per config and data); returns the cache key."""
     out = Path(cfg.sft.output_dir)
     key = _key("sft", cfg.sft.model_dump(), data_key)
     if _stage_done(out, key):
@@ -142,6 +145,7 @@ def grpo(cfg: TandemConfig, sft_key: str, stage: str = "[4/4]", tools: str = "th
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``make demo``: the four stages in order; returns the process exit code."""
     parser = argparse.ArgumentParser(description="tandem-rl CPU demo")
     parser.add_argument("--config", default="configs/demo_cpu.yaml")
     parser.add_argument("overrides", nargs="*")

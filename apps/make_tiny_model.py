@@ -74,6 +74,7 @@ def train_tokenizer(vocab_size: int, seed: int = 0) -> Tokenizer:
 
 
 def wrap_tokenizer(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
+    """The trained tokenizer as a transformers tokenizer, with the EOS and pad tokens and the chat template."""
     hf = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         eos_token=EOS_TOKEN,
@@ -86,6 +87,7 @@ def wrap_tokenizer(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
 
 
 def random_model(spec: TinyModelSpec, vocab_size: int, eos_id: int, pad_id: int, seed: int) -> Qwen2ForCausalLM:
+    """A randomly initialised ``Qwen2ForCausalLM`` of ``spec``'s size; the same ``seed`` gives the same weights."""
     config = Qwen2Config(
         vocab_size=vocab_size,
         hidden_size=spec.hidden_size,
@@ -120,6 +122,7 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, spec: TinyModelSpec = T
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Command line: write the tiny model to ``--out``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, type=Path, help="folder to write the model into")
     parser.add_argument("--seed", type=int, default=0, help="seed for the weights (same seed, same model)")

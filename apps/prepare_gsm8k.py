@@ -82,6 +82,7 @@ def load_problems(
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Command line: write each split of the chosen source to ``--out/<split>.parquet``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("data/gsm8k"), help="output folder")
     parser.add_argument(

@@ -180,6 +180,7 @@ def prepare_model(source: str, out: str | Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Command line: prepare ``source`` as a Hugging Face folder at ``--out``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("source", help=f"{' | '.join(GGUF_SOURCES)} | a local HF folder | a hub id")
     parser.add_argument("--out", required=True, type=Path, help="folder to write the model into")

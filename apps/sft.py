@@ -17,6 +17,7 @@ from trainers.sft import run_sft
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Command line: run the config's SFT cold start and print each step's loss."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=None, help="experiment YAML (defaults when omitted)")
     parser.add_argument("overrides", nargs="*", help="verl-style dotted overrides, e.g. sft.epochs=2")

@@ -19,6 +19,8 @@ LossAggMode = Literal[
 
 
 class ModelConfig(Section):
+    """``actor_rollout_ref.model``: the base model, its tokenizer, and the LoRA adapter trained on it."""
+
     VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
         {"mtp", "lora", "external_lib", "use_shm", "enable_activation_offload", "use_liger", "use_fused_kernels",
          "fused_kernel_options", "exclude_modules", "custom_chat_template",
@@ -49,6 +51,8 @@ class ModelConfig(Section):
 
 
 class OptimConfig(Section):
+    """``actor.optim``: the learner's AdamW optimizer and its learning-rate schedule."""
+
     VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
         {"zero_indexed_step", "num_cycles", "optimizer", "optimizer_impl", "override_optimizer_config", "clip_grad"}
     )
@@ -100,6 +104,9 @@ class MixedPrecisionConfig(Section):
 
 
 class FSDPConfig(Section):
+    """``actor.fsdp_config`` (and ``ref.fsdp_config``): how the learner shards the model with FSDP2, what it
+    offloads to CPU, and its compute dtype."""
+
     VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
         {"full_determinism", "entropy_from_logits_with_chunking", "entropy_from_logits_chunk_size",
          "use_torch_compile", "use_no_sync_for_gradient_accumulation", "pad_to_length", "pad_to_length_bucket", "qat",
@@ -122,6 +129,8 @@ class FSDPConfig(Section):
 
 
 class PolicyLossConfig(Section):
+    """``actor.policy_loss``: which of verl's policy losses the learner uses."""
+
     VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset({"dro_beta", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub",
                                                               "kl_cov_ratio", "ppo_kl_coef"})
 
@@ -130,6 +139,9 @@ class PolicyLossConfig(Section):
 
 
 class ActorConfig(Section):
+    """``actor_rollout_ref.actor``: the policy update — mini- and micro-batches, PPO clipping, KL and entropy terms,
+    the optimizer and the sharding."""
+
     VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
         {"entropy_from_logits_chunk_size", "pad_to_length", "checkpoint", "use_torch_compile",
          "ulysses_sequence_parallel_size", "use_fused_kernels", "profiler",

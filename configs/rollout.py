@@ -18,6 +18,9 @@ VERL_ONLY_ENGINES = ("sglang", "trtllm")  # verl's engines tandem-rl does not ha
 
 
 class MultiTurnConfig(Section):
+    """``rollout.multi_turn``: tool use within an episode — the tool-call format, turn limits, tool responses and
+    timeouts."""
+
     VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
         {"function_tool_path", "num_repeat_rollouts", "interaction_config_path", "use_inference_chat_template",
          "tokenization_sanity_check_mode",
@@ -51,6 +54,8 @@ class MultiTurnConfig(Section):
 
 
 class AgentConfig(Section):
+    """``rollout.agent``: the agent workers that run episodes — how many, episodes each, the default loop, placement."""
+
     VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset({"agent_loop_config_path", "custom_async_server"})
 
     num_workers: int = Field(default=2, ge=1, le=1024)
@@ -65,6 +70,8 @@ class AgentConfig(Section):
 
 
 class ValKwargs(Section):
+    """``rollout.val_kwargs``: how validation samples (greedy by default)."""
+
     temperature: float = Field(default=0.0, ge=0)
     """Sampling temperature for validation (0 = greedy)."""
     top_p: float = Field(default=1.0, gt=0, le=1)
@@ -78,6 +85,8 @@ class ValKwargs(Section):
 
 
 class TraceConfig(Section):
+    """``rollout.trace``: agent-loop traces — where they go and how many episodes per step are traced."""
+
     VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
         {"project_name", "experiment_name", "max_samples_per_step_per_worker"})
 
@@ -90,6 +99,9 @@ class TraceConfig(Section):
 
 
 class RolloutConfig(Section):
+    """``actor_rollout_ref.rollout``: the rollout engine, its sampling, lengths and memory, and the agent-loop
+    sections (``multi_turn``, ``agent``, ``val_kwargs``, ``trace``)."""
+
     VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
         {"nnodes", "n_gpus_per_node", "full_determinism", "seed", "logprobs_mode", "scheduling_policy",
          "multi_stage_wake_up", "router_config_path", "moe_load_balance_metrics_interval", "quantization_config_file",

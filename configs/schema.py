@@ -27,6 +27,8 @@ from configs.sections import (
 
 
 class ActorRolloutRefConfig(Section):
+    """verl's ``actor_rollout_ref``: the model, the trained actor, the reference policy and the rollout."""
+
     VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset({"hybrid_engine", "nccl_timeout"})
 
     model: ModelConfig = Field(default_factory=ModelConfig)

@@ -11,6 +11,8 @@ from configs.base import Section
 
 
 class AlgorithmConfig(Section):
+    """verl's ``algorithm``: the advantage estimator (GRPO), its normalization, and KL in the reward."""
+
     VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
         {"kl_ctrl", "use_pf_ppo", "pf_ppo", "filter_groups", "rollout_correction", "rollout_is",
          "rollout_is_threshold", "rollout_is_threshold_lower", "rollout_is_level", "rollout_is_mode",
@@ -51,6 +53,8 @@ class AlgorithmConfig(Section):
 
 
 class DataConfig(Section):
+    """verl's ``data``: the training and validation rows, batch size, prompt and response lengths, shuffling."""
+
     VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
         {"function_tool_path", "return_raw_input_ids", "audio_key", "mm_processor_kwargs", "tokenizer", "use_shm",
          "dataloader_num_workers", "image_key", "video_key", "custom_cls", "sampler",
@@ -137,6 +141,8 @@ class Placement(Section):
 
 
 class TrainerConfig(Section):
+    """verl's ``trainer``: run names and loggers, GPUs and nodes, steps, checkpoints and resume, validation, seed."""
+
     VERL_UNIMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
         {"checkpoint_callback_class", "default_hdfs_dir", "use_v1", "v1", "critic_warmup", "balance_batch",
          "ray_wait_register_center_timeout", "profile_steps", "esi_redundant_time", "del_local_ckpt_after_load",
@@ -210,6 +216,9 @@ class TrainerConfig(Section):
 
 
 class ServeConfig(Section):
+    """``serve``: the rollout app on Ray Serve — name, route and address, replicas and autoscaling, resources,
+    placement."""
+
     app_name: str = "tandem-rollout"
     """Serve application name; ``apps.train`` attaches to it if already deployed."""
     route_prefix: str = "/"
@@ -274,6 +283,8 @@ class AgentLightningConfig(Section):
 
 
 class StreamConfig(Section):
+    """``stream``: streaming RL — the staleness bound, the trajectory queue, partial rollouts, the failure limit."""
+
     enabled: bool = True
     """Train on groups as they complete while generation goes on (False = batch-synchronous baseline)."""
     max_staleness: int = Field(default=1, ge=0, le=64)
@@ -298,6 +309,8 @@ class StreamConfig(Section):
 
 
 class ToolsConfig(Section):
+    """``tools``: the tool config file, tool calls in flight per agent worker, and extra arguments for every tool."""
+
     config_path: str | None = None
     """Tool config YAML; used when ``multi_turn.tool_config_path`` is unset."""
     max_concurrency: int = Field(default=32, ge=1)
@@ -307,6 +320,8 @@ class ToolsConfig(Section):
 
 
 class TrackingConfig(Section):
+    """``tracking``: where metrics and traces go (the mlflow store, Ray dashboard metrics)."""
+
     mlflow_tracking_uri: str = "sqlite:///mlruns.db"
     """mlflow store for params, metrics and traces."""
     ray_metrics: bool = True
@@ -317,6 +332,8 @@ class TrackingConfig(Section):
 
 
 class SFTConfig(Section):
+    """``sft``: the optional supervised cold start before GRPO — transcripts, base model, output folder, schedule."""
+
     enabled: bool = False
     """Run a supervised cold start before GRPO (cached under ``output_dir``)."""
     base_model: str | None = None
@@ -339,6 +356,9 @@ class SFTConfig(Section):
 
 
 class CustomRewardFunctionConfig(Section):
+    """verl's ``custom_reward_function``: a user's reward function that scores every row instead of the built-in
+    rewards."""
+
     path: str | None = None
     """A Python file with the reward function (verl's ``custom_reward_function.path``). When set, it scores every
     row instead of the built-in reward chosen by ``data_source``."""

@@ -33,6 +33,8 @@ REGISTRY_NAMESPACE = "tandem"
 
 
 def registry_name(app_name: str) -> str:
+    """The Ray actor name of ``app_name``'s ``AdapterRegistry`` (in ``REGISTRY_NAMESPACE``), by which the trainer and
+    the replicas find it."""
     return f"{app_name}:adapter-registry"
 
 

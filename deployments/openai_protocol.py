@@ -205,6 +205,7 @@ def apply_stop(ids: tuple[int, ...], logprobs: tuple[float, ...], tokenizer: Any
 
 
 def logprob_entry(token_id: int, logprob: float, tokenizer: Any) -> dict[str, Any]:
+    """One token of OpenAI's ``logprobs.content``: its text, log-prob and UTF-8 bytes (no ``top_logprobs``)."""
     token = tokenizer.decode([token_id], skip_special_tokens=False)
     return {"token": token, "logprob": float(logprob), "bytes": list(token.encode("utf-8")), "top_logprobs": []}
 
@@ -224,6 +225,7 @@ def flatten_content(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def openai_call(call: Any) -> dict[str, Any]:
+    """A parsed tool call as an OpenAI ``tool_calls`` entry: arguments as a JSON string, an id made when it has none."""
     return {"id": call.id or f"call_{uuid.uuid4().hex[:24]}", "type": "function",
             "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)}}
 
@@ -280,12 +282,14 @@ def forced_tool_message(sample: Sample, tokenizer: Any, forced: str) -> dict[str
 
 
 def finish_reason(result: GenerateResult, has_calls: bool) -> str:
+    """OpenAI's ``finish_reason``: ``tool_calls`` when the sample calls tools, ``length`` if cut off, else ``stop``."""
     if has_calls:
         return "tool_calls"
     return "length" if result.finish_reason == "length" else "stop"
 
 
 def usage_counts(prompt_len: int, samples: list[GenerateResult]) -> dict[str, int]:
+    """OpenAI's ``usage``: the prompt counted once, completion tokens summed over every sample (``n``)."""
     completion_tokens = sum(len(r.token_ids) for r in samples)
     return {"prompt_tokens": prompt_len, "completion_tokens": completion_tokens,
             "total_tokens": prompt_len + completion_tokens}

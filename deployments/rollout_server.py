@@ -68,6 +68,7 @@ ENGINE_BUILDERS: dict[EngineName, Callable[[EngineSpec], Engine]] = {"hf": _buil
 
 
 def build_engine(spec: EngineSpec) -> Engine:
+    """The engine ``spec`` names (``ENGINE_BUILDERS``), built inside the replica; an unknown name raises."""
     if spec.name not in ENGINE_BUILDERS:
         raise ValueError(f"unknown engine {spec.name!r}; expected one of {sorted(ENGINE_BUILDERS)}")
     return ENGINE_BUILDERS[spec.name](spec)

@@ -68,6 +68,8 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 
 
 class RunTracker:
+    """Sends each step's metrics to every sink the config names (module docstring), then draws the reward curve."""
+
     def __init__(self, cfg: TandemConfig, run_dir: Path, *, ray_metrics: bool = True):
         self.cfg = cfg
         self.run_dir = run_dir

@@ -45,6 +45,8 @@ class ClusterError(RuntimeError):
 
 @dataclass(frozen=True)
 class Node:
+    """One alive Ray node: its id, address, resources and labels (``fits`` says whether a placement can land on it)."""
+
     node_id: str
     address: str
     resources: dict[str, float] = field(default_factory=dict)
@@ -73,12 +75,16 @@ def _label_matches(value: str | None, selector: str) -> bool:
 
 
 def alive_nodes() -> list[Node]:
+    """The alive nodes of the connected Ray cluster (``ray.nodes()``)."""
     return [Node(n["NodeID"], n["NodeManagerAddress"], dict(n.get("Resources") or {}), dict(n.get("Labels") or {}))
             for n in ray.nodes() if n["Alive"]]
 
 
 @dataclass(frozen=True)
 class Role:
+    """One role of the run (agent workers, rollout replicas, train workers): the nodes it can land on and the files
+    it reads there."""
+
     key: Literal["agents", "rollout", "trainer"]
     name: str  # what the error says: "rollout replicas (serve.placement)"
     nodes: list[Node]

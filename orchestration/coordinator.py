@@ -47,6 +47,8 @@ class RowCursor:
 
 
 class Coordinator:
+    """Keeps the agent workers busy with admitted prompt groups (module docstring); runs as a Ray async actor."""
+
     def __init__(self, rows: list[DatasetRow], workers: list[Any], buffer: Any, admission: AdmissionController, *,
                  seed: int = 1, shuffle: bool = True, start_position: int = 0, max_in_flight: int = 256,
                  run_id: str = "run", max_consecutive_failures: int | None = None):

@@ -125,5 +125,6 @@ class StepLog:
 
 
 def final_paths(run_dir: Path, tracker: RunTracker, plot: Path | None, adapter: Path | None, mlflow_uri: str) -> dict:
+    """The run's outputs for the summary table: run dir, metrics file, reward curve, final adapter, mlflow store."""
     return {"run dir": run_dir, "metrics": tracker.metrics_path, "reward curve": plot, "final adapter": adapter,
             "mlflow": mlflow_uri}

@@ -129,6 +129,8 @@ def pick_generations(samples: Sequence[ScoredSample], count: int) -> list[tuple[
 
 @dataclass(frozen=True)
 class ValidationResult:
+    """One validation pass at ``step``: its ``val-core`` / ``val-aux`` metrics, the scored samples, its wall time."""
+
     step: int
     metrics: dict[str, float]
     samples: list[ScoredSample]

@@ -33,6 +33,8 @@ class Ticket:
 
 
 class AdmissionController:
+    """The admission rule (module docstring): the coordinator asks it for tickets and tells it how each group ends."""
+
     def __init__(self, batch_groups: int, max_staleness: int, *, streaming: bool = True, abort_stale: bool = False,
                  resume_version: int = 0):
         if batch_groups < 1 or max_staleness < 0:

@@ -29,6 +29,8 @@ from agents.records import Trajectory
 
 @dataclass
 class BufferStats:
+    """The buffer's running group counts, reported each step as ``groups/*`` and ``trajectories/trained``."""
+
     trained: int = 0
     dropped_stale: int = 0  # drop_stale only
     trained_trajectories: int = 0

@@ -322,4 +322,5 @@ def load_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer
 
 
 def write_json(path: Path, payload: dict) -> None:
+    """Write ``payload`` to ``path`` as indented JSON with sorted keys."""
     path.write_text(json.dumps(payload, indent=2, sort_keys=True))

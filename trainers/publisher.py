@@ -56,6 +56,7 @@ def latest_published(publisher: Any) -> int:
 
 
 def adapter_log_actor() -> Any:
+    """An ``AdapterLog`` as a zero-CPU Ray actor, to hand the learner as its publisher when only a record is wanted."""
     import ray
 
     return ray.remote(num_cpus=0)(AdapterLog).remote()

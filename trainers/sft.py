@@ -139,6 +139,9 @@ class SFTResult:
 
 @dataclass(frozen=True)
 class SFTSpec:
+    """What each SFT train worker gets (``config["spec"]`` of ``sft_loop_per_worker``): its config sections and the
+    transcripts."""
+
     sft: SFTConfig
     model: ModelConfig
     fsdp: FSDPConfig

@@ -19,6 +19,8 @@ from agents.records import Trajectory
 
 
 class TrajectorySource(Protocol):
+    """What the learner pulls its batches from (module docstring): whole groups per step, None when data runs out."""
+
     def next_batch(self, step: int, policy_version: int | None = None) -> list[Trajectory] | None: ...
 
 

@@ -16,6 +16,7 @@ from configs.sections import TrainerConfig
 
 
 def is_uri(path: str) -> bool:
+    """Whether ``path`` is a URI (``s3://``, ``gs://``, ``file://``) rather than a folder on this node."""
     return "://" in path
 
 

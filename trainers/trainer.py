@@ -33,6 +33,7 @@ def train_loop(config: dict[str, Any]) -> None:
 
 
 def use_gpu(device: str) -> bool:
+    """Whether ``trainer.device`` means GPUs here: ``cuda``, or ``auto`` when torch sees one."""
     return device == "cuda" or (device == "auto" and torch.cuda.is_available())
 
 

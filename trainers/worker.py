@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Progress:
+    """How far the learner got: the last trained step and the policy version it published (saved in checkpoints)."""
+
     step: int = 0
     policy_version: int = 0
 

@@ -68,6 +68,7 @@ def _evaluate(expr: str) -> int:
 
 
 def data_source(kind: Kind) -> str:
+    """The ``data_source`` of one kind of problem (``tandem/arithmetic/easy`` or ``/hard``): validation reports each."""
     return f"{DATA_SOURCE}/{kind}"
 
 

@@ -127,4 +127,5 @@ def math_row(problem: MathProblem, index: int, split: str, agent_name: AgentName
 
 
 def math_rows(problems: list[MathProblem], split: str, agent_name: AgentName) -> list[DatasetRow]:
+    """One split's rows for ``agent_name``: ``math_row`` of each problem, indexed in order."""
     return [math_row(p, i, split, agent_name) for i, p in enumerate(problems)]

@@ -151,6 +151,7 @@ def row_dicts(rows: list[DatasetRow]) -> list[dict[str, Any]]:
 
 
 def write_jsonl(rows: list[DatasetRow], path: str | Path) -> Path:
+    """Write the rows to a ``.jsonl`` file, one JSON object a line, keys sorted (folders created); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [json.dumps(d, ensure_ascii=False, sort_keys=True) for d in row_dicts(rows)]
@@ -170,6 +171,7 @@ def _without_empty_dicts(value: Any) -> Any:
 
 
 def write_parquet(rows: list[DatasetRow], path: str | Path) -> Path:
+    """Write the rows to a ``.parquet`` file for verl and ``load_rows`` (empty dicts left out); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     records = [_without_empty_dicts(d) for d in row_dicts(rows)]

@@ -29,6 +29,9 @@ SHAPES = ("lookup", "filter", "count", "join2", "join3", "group_by", "having", "
 
 @dataclass(frozen=True)
 class Family:
+    """One question shape over one database: the question and gold SQL templates and the ``pick`` query that lists
+    slot values the database can answer."""
+
     name: str
     db_id: str
     shape: str
@@ -195,15 +198,19 @@ def held_out(family: Family) -> bool:
 
 
 def train_families() -> list[Family]:
+    """The families training draws from: every family the split rule (``held_out``) does not hold out."""
     return [f for f in FAMILIES if not held_out(f)]
 
 
 def heldout_families() -> list[Family]:
+    """The held-out families (``held_out``), for validation only: none shares a template with training."""
     return [f for f in FAMILIES if held_out(f)]
 
 
 @dataclass(frozen=True)
 class DrawnQuestion:
+    """One question drawn from a family: its text, its gold SQL and the slot values that filled both (sorted pairs)."""
+
     family: Family
     question: str
     sql: str
@@ -219,6 +226,7 @@ def _derived(family: Family, slots: dict[str, Any]) -> dict[str, Any]:
 
 
 def render(family: Family, slots: Mapping[str, Any]) -> DrawnQuestion:
+    """Fill ``family``'s templates with ``slots`` (and the slots spelled from them); text values quoted in the SQL."""
     values = dict(slots)
     shown = {**values, **_derived(family, values)}
     sql_values = {k: (quote(v) if isinstance(v, str) else v) for k, v in shown.items()}

@@ -48,6 +48,9 @@ def schema_text(db_path: str | Path) -> str:
 
 @dataclass(frozen=True)
 class SqlTask:
+    """One question about one database with its gold SQL; ``data_source``, ``family`` and ``shape`` are set for
+    questions drawn from a family."""
+
     db_id: str
     question: str
     sql: str
@@ -58,6 +61,7 @@ class SqlTask:
 
 
 def sql_tasks(db_id: str) -> list[SqlTask]:
+    """The hand-written question / gold SQL pairs of ``db_id`` (``agents.data.sql_questions``) as tasks."""
     return [SqlTask(db_id, question, sql) for question, sql in QUESTIONS[db_id]]
 
 

@@ -56,6 +56,7 @@ def loop_for(agent_name: str | None, default_agent_loop: str = "single_turn_agen
 
 
 async def run_episode(ctx: AgentContext, episode: Episode, default_agent_loop: str = "single_turn_agent") -> EpisodeResult:
+    """Run one episode with the loop its row names (``default_agent_loop`` when it names none)."""
     return await loop_for(episode.agent_name, default_agent_loop)(ctx, episode)
 
 

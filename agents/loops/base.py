@@ -97,6 +97,8 @@ class EpisodeResult:
 
 
 class State(str, enum.Enum):
+    """The loop's states: each has one handler that returns the next state; ``TERMINATED`` ends ``run``."""
+
     PENDING = "pending"
     GENERATING = "generating"
     PROCESSING_TOOLS = "processing_tools"

@@ -9,5 +9,7 @@ from agents.loops.base import AgentLoop
 
 
 class SingleTurnAgentLoop(AgentLoop):
+    """The ``single_turn_agent`` loop: one generation, no tools (rows that are answered in one reply)."""
+
     agent_name = "single_turn_agent"
     use_tools = False

@@ -19,6 +19,9 @@ from agents.records import ParsedToolCalls, Termination
 
 
 class ToolAgentLoop(AgentLoop):
+    """The ``tool_agent`` loop (verl's ``tool_agent_loop``): generate, run the parsed tool calls, feed back their
+    results, until the model answers or a turn limit ends the episode."""
+
     agent_name = "tool_agent"
     use_tools = True
 

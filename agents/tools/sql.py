@@ -246,6 +246,8 @@ def run_readonly_query(
 
 @dataclass(frozen=True)
 class ColumnInfo:
+    """One column as ``read_schema`` reports it: name, declared type, and whether it is part of the primary key."""
+
     name: str
     type: str  # declared type, "" when none
     primary_key: bool
@@ -253,6 +255,8 @@ class ColumnInfo:
 
 @dataclass(frozen=True)
 class TableInfo:
+    """One table or view with its columns, as ``read_schema`` reports it to the schema tools and ``schema_text``."""
+
     name: str
     kind: str  # "table" | "view"
     columns: tuple[ColumnInfo, ...]

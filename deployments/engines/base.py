@@ -15,6 +15,9 @@ from agents.records import AdapterRef, FinishReason, SamplingParams
 
 @dataclass(frozen=True)
 class EngineOutput:
+    """What one ``generate`` returns: the sampled ids and their log-probs, why sampling stopped, and the adapter
+    versions that sampled them."""
+
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     finish_reason: FinishReason
@@ -30,6 +33,8 @@ class PromptTooLong(ValueError):
 
 
 class Engine(Protocol):
+    """What ``RolloutServer`` needs from an engine: batched token-in/token-out sampling and LoRA adapter swaps."""
+
     max_model_len: int
 
     async def generate(
