@@ -36,6 +36,9 @@ from agents.records import GenerateRequest, GenerateResult, SamplingParams
 from deployments.access import BearerToken
 from deployments.engines.base import PromptTooLong
 from deployments.openai_protocol import (
+    ERROR_RESPONSES,
+    GENERATE_RESPONSES,
+    SESSION_RESPONSES,
     ChatCompletionRequest,
     CompletionRequest,
     Sample,
@@ -154,13 +157,13 @@ class OpenAIIngress:
             raise HTTPException(401, "missing or wrong bearer token: send the token of serve.api_key_env as "
                                      "'Authorization: Bearer <token>'", headers={"WWW-Authenticate": "Bearer"})
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=ERROR_RESPONSES)
     async def models(self, authorization: str | None = Header(default=None)) -> dict[str, Any]:
         self._authorize(authorization)
         entry = {"id": self.served_model_name, "object": "model", "created": 0, "owned_by": "tandem-rl"}
         return {"object": "list", "data": [entry]}
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=GENERATE_RESPONSES)
     async def chat_completions(
         self,
         body: ChatCompletionRequest,
@@ -204,7 +207,7 @@ class OpenAIIngress:
             response["prompt_token_ids"] = list(prompt_ids)
         return response
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=GENERATE_RESPONSES)
     async def completions(
         self,
         body: CompletionRequest,
@@ -233,7 +236,7 @@ class OpenAIIngress:
                 choice["token_ids"] = list(sample.result.token_ids)
         return response
 
-    @app.get("/v1/sessions/{session_id}")
+    @app.get("/v1/sessions/{session_id}", responses=SESSION_RESPONSES)
     async def get_session(self, session_id: str, authorization: str | None = Header(default=None)) -> dict[str, Any]:
         self._authorize(authorization)
         calls = await self._call_store("get", session_id)
