@@ -12,7 +12,7 @@ QUIET_PIP := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory"
 # when make started (before any install it does): `make test` ends with its wall time
 STARTED := $(shell date +%s)
 
-.PHONY: setup demo demo-sql test test-fast agl-venv fuzz test-vllm bench readme-check clean
+.PHONY: setup demo demo-sql test test-fast agl-venv fuzz fuzz-api test-vllm bench readme-check clean
 
 setup: $(STAMP)
 
@@ -63,6 +63,11 @@ test-fast: $(STAMP)
 FUZZ_RUNS ?= 10
 fuzz: $(STAMP)
 	for i in $$(seq $(FUZZ_RUNS)); do HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest -q -m hypothesis || exit 1; done
+
+# 2,000 requests generated from the OpenAI ingress's OpenAPI schema with a new seed (make test sends a fixed-seed 240)
+FUZZ_API_REQUESTS ?= 2000
+fuzz-api: $(STAMP)
+	$(BIN)/python -m benchmarks.fuzz_api --requests $(FUZZ_API_REQUESTS)
 
 test-vllm:
 	bash scripts/test_vllm.sh

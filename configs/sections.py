@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from configs.base import Section
 
@@ -242,11 +243,35 @@ class ServeConfig(Section):
     placement: Placement = Field(default_factory=Placement)
     """Where rollout replicas run (Serve's ``ray_actor_options``: ``resources``, ``label_selector``)."""
     api_key_env: str | None = None
-    """Environment variable holding a bearer token the OpenAI ingress requires (unset = open)."""
+    """Environment variable holding a bearer token the OpenAI ingress requires on every route (unset = open; named
+    but unset or empty is an error)."""
+    allow_public_without_key: bool = False
+    """Serve on a non-loopback ``host`` without ``api_key_env``: anyone who reaches the port can then generate and
+    read session records. Refused unless true."""
     upscale_delay_s: float = Field(default=5.0, ge=0)
     """Serve autoscaling upscale delay."""
     downscale_delay_s: float = Field(default=60.0, ge=0)
     """Serve autoscaling downscale delay."""
+
+    @model_validator(mode="after")
+    def _public_host_needs_a_key(self) -> ServeConfig:
+        if not is_loopback(self.host) and not self.api_key_env and not self.allow_public_without_key:
+            raise ValueError(
+                f"serve.host={self.host} binds the OpenAI ingress beyond this machine, and serve.api_key_env is unset: "
+                "anyone who reaches the port could generate with the policy and read session records. Set "
+                "serve.api_key_env=<VAR> (the ingress then requires 'Authorization: Bearer $VAR'), bind "
+                "serve.host=127.0.0.1, or opt out with serve.allow_public_without_key=true")
+        return self
+
+
+def is_loopback(host: str) -> bool:
+    """True for an address only this machine reaches (127.0.0.0/8, ::1, ``localhost``); wildcards and names are not."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 class AgentLightningConfig(Section):

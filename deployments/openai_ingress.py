@@ -18,7 +18,6 @@ ingress can run several replicas.
 # route signatures (Serve's ingress wrapper cannot resolve string annotations, and the body became a query).
 import json
 import logging
-import os
 import time
 import uuid
 from collections import OrderedDict
@@ -34,8 +33,12 @@ from ray.serve.handle import DeploymentHandle
 
 from agents.loops.session_merge import SessionCall
 from agents.records import GenerateRequest, GenerateResult, SamplingParams
+from deployments.access import BearerToken
 from deployments.engines.base import PromptTooLong
 from deployments.openai_protocol import (
+    ERROR_RESPONSES,
+    GENERATE_RESPONSES,
+    SESSION_RESPONSES,
     ChatCompletionRequest,
     CompletionRequest,
     Sample,
@@ -86,10 +89,12 @@ app = FastAPI(title="tandem-rl rollout")
 
 @app.exception_handler(HTTPException)
 async def _openai_error(request: Request, exc: HTTPException) -> JSONResponse:
-    # OpenAI clients read ``error.message``; FastAPI's default body is ``{"detail": ...}``.
+    # OpenAI clients read ``error.message``; FastAPI's default body is ``{"detail": ...}``. A 401 carries OpenAI's
+    # own code for it, which its SDK raises as AuthenticationError.
+    code = "invalid_api_key" if exc.status_code == 401 else exc.status_code
     return JSONResponse(
         status_code=exc.status_code,
-        content={"error": {"message": str(exc.detail), "type": "invalid_request_error", "code": exc.status_code}},
+        content={"error": {"message": str(exc.detail), "type": "invalid_request_error", "param": None, "code": code}},
         headers=exc.headers,
     )
 
@@ -118,7 +123,7 @@ class OpenAIIngress:
         served_model_name: str,
         parser: str,
         max_model_len: int,
-        api_key_env: str | None = None,
+        api_key: BearerToken | None = None,
         engine: str = "hf",
     ) -> None:
         from transformers import AutoTokenizer  # heavy import, only in the replica
@@ -129,7 +134,7 @@ class OpenAIIngress:
         self.parser = parser
         self.max_model_len = max_model_len
         self.engine = engine  # the rollout engine's name: only vllm decodes under a JSON schema
-        self.api_key = os.environ.get(api_key_env) if api_key_env else None
+        self.api_key = api_key  # BearerToken: compares in constant time, never prints its value
         self._store_name = f"tandem-sessions-{serve.get_replica_context().app_name}"
         self._store = self._session_store()
 
@@ -148,16 +153,17 @@ class OpenAIIngress:
             return await getattr(self._store, method).remote(*args)
 
     def _authorize(self, authorization: str | None) -> None:
-        if self.api_key and authorization != f"Bearer {self.api_key}":
-            raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+        if self.api_key is not None and not self.api_key.admits(authorization):
+            raise HTTPException(401, "missing or wrong bearer token: send the token of serve.api_key_env as "
+                                     "'Authorization: Bearer <token>'", headers={"WWW-Authenticate": "Bearer"})
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=ERROR_RESPONSES)
     async def models(self, authorization: str | None = Header(default=None)) -> dict[str, Any]:
         self._authorize(authorization)
         entry = {"id": self.served_model_name, "object": "model", "created": 0, "owned_by": "tandem-rl"}
         return {"object": "list", "data": [entry]}
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=GENERATE_RESPONSES)
     async def chat_completions(
         self,
         body: ChatCompletionRequest,
@@ -201,7 +207,7 @@ class OpenAIIngress:
             response["prompt_token_ids"] = list(prompt_ids)
         return response
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=GENERATE_RESPONSES)
     async def completions(
         self,
         body: CompletionRequest,
@@ -230,7 +236,7 @@ class OpenAIIngress:
                 choice["token_ids"] = list(sample.result.token_ids)
         return response
 
-    @app.get("/v1/sessions/{session_id}")
+    @app.get("/v1/sessions/{session_id}", responses=SESSION_RESPONSES)
     async def get_session(self, session_id: str, authorization: str | None = Header(default=None)) -> dict[str, Any]:
         self._authorize(authorization)
         calls = await self._call_store("get", session_id)

@@ -33,6 +33,32 @@ MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_N = 8
 
 
+class ErrorDetail(BaseModel):
+    """OpenAI's error object: what every 4xx/5xx answer of the ingress carries under ``error``."""
+
+    message: str
+    type: str
+    param: str | None = None
+    code: str | int | None = None
+
+
+class ErrorResponse(BaseModel):
+    """The body of an error answer, ``{"error": {...}}``, as OpenAI's SDKs read it."""
+
+    error: ErrorDetail
+
+
+# The error answers each route may give, in the app's OpenAPI schema (a fuzzer checks answers against it).
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorResponse, "description": "invalid request: the message names the field"},
+    401: {"model": ErrorResponse, "description": "missing or wrong bearer token (serve.api_key_env)"},
+}
+SESSION_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **ERROR_RESPONSES, 404: {"model": ErrorResponse, "description": "no calls recorded for the session"}}
+GENERATE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **ERROR_RESPONSES, 503: {"model": ErrorResponse, "description": "the engine aborted the request; retry it"}}
+
+
 class SamplingRequest(BaseModel):
     """Fields both endpoints share."""
 

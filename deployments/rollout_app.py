@@ -14,7 +14,6 @@ ones set here, so ``serve_config.yaml`` can tune autoscaling without touching th
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,6 +29,7 @@ from agents.records import AdapterRef
 from deployments.model_paths import resolve_model_path
 from configs import TandemConfig
 from configs.sections import Placement
+from deployments.access import token_from_env
 from deployments.adapter_registry import drop_adapter_registry, get_adapter_registry
 from deployments.adapter_registry import publish_adapter as _publish_adapter
 from deployments.engines import hf_engine_options
@@ -118,6 +118,8 @@ def _metrics_interval(seconds: float) -> dict[str, float]:
 def build_app(args: dict[str, Any] | RolloutAppArgs) -> Application:
     """The rollout app: ``OpenAIIngress`` (HTTP ingress) bound to autoscaled ``RolloutServer`` replicas."""
     spec_args = args if isinstance(args, RolloutAppArgs) else RolloutAppArgs.model_validate(args)
+    # Read here and passed as an argument, so ingress replicas on any node have it (deployments.access)
+    token = token_from_env(spec_args.api_key_env, "api_key_env (serve.api_key_env in a training config)")
     if spec_args.engine == "hf":  # here, not as a TypeError in every replica that starts
         unknown = sorted(set(spec_args.engine_kwargs) - hf_engine_options())
         if unknown:
@@ -152,10 +154,6 @@ def build_app(args: dict[str, Any] | RolloutAppArgs) -> Application:
         ),
     )
     ingress_options: dict[str, Any] = {"num_cpus": 0.1}
-    token = os.environ.get(spec_args.api_key_env) if spec_args.api_key_env else None
-    if token:
-        # Forwarded so the ingress replica sees the token wherever the cluster started it.
-        ingress_options["runtime_env"] = {"env_vars": {spec_args.api_key_env: token}}
     ingress = OpenAIIngress.options(name=INGRESS_DEPLOYMENT, num_replicas=spec_args.ingress_replicas,
                                     ray_actor_options=ingress_options)
     return ingress.bind(
@@ -164,7 +162,7 @@ def build_app(args: dict[str, Any] | RolloutAppArgs) -> Application:
         spec_args.served_model_name or Path(model_path).name,
         spec_args.parser,
         spec_args.max_model_len,
-        spec_args.api_key_env,
+        token,
         spec_args.engine,
     )
 

@@ -17,11 +17,19 @@ def test_serve_config_v2_is_serve_config_yaml():
     service = _load("rayservice.yaml")
     in_cluster = yaml.safe_load(service["spec"]["serveConfigV2"])
     local = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
-    # The only difference allowed: a pod's proxy listens on all interfaces, a laptop's on loopback.
+    # The only differences allowed: a pod's proxy listens on all interfaces, a laptop's on loopback; and listening
+    # beyond the pod, the ingress requires a token, which every pod (the app may be built on any) reads from a Secret.
     assert local["http_options"]["host"] == "127.0.0.1"
     assert in_cluster["http_options"]["host"] == "0.0.0.0"
     in_cluster["http_options"]["host"] = local["http_options"]["host"]
+    env_name = in_cluster["applications"][0]["args"].pop("api_key_env")
     assert in_cluster == local
+    cluster = service["spec"]["rayClusterConfig"]
+    pods = [cluster["headGroupSpec"]] + cluster["workerGroupSpecs"]
+    for pod in pods:
+        [container] = pod["template"]["spec"]["containers"]
+        [env] = [e for e in container.get("env", []) if e["name"] == env_name]
+        assert env["valueFrom"]["secretKeyRef"] == {"name": "tandem-api-key", "key": "token"}, container["name"]
 
 
 def test_serve_configs_validate_against_serve_schema():

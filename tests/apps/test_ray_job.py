@@ -18,6 +18,7 @@ a later run on the same cluster starts again at policy version 0: ``test_a_dropp
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import secrets
@@ -30,7 +31,7 @@ import pytest
 from agents.data import arithmetic
 from agents.data.rows import validate_row, write_parquet
 from tests.apps.run_checks import check_run
-from tests.ray_head import BIN, free_port, ray_head, ray_node
+from tests.ray_head import BIN, free_port, ray_head, ray_node, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.own_cluster]
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +47,8 @@ def job_root(tmp_path: Path, tiny_model_dir: Path) -> Path:
     return root
 
 
-def _submit(head, job_root: Path, submission_id: str, run: str, *overrides: str) -> subprocess.CompletedProcess:
+def _submit(head, job_root: Path, submission_id: str, run: str, *overrides: str,
+            wait: bool = True) -> subprocess.CompletedProcess:
     entrypoint = [
         "python", "-m", "apps.train", "--config", "configs/demo_cpu.yaml", "--root", str(job_root),
         "actor_rollout_ref.model.path=model", "data.train_files=data/train.parquet", "data.val_files=null",
@@ -57,7 +59,7 @@ def _submit(head, job_root: Path, submission_id: str, run: str, *overrides: str)
     ]
     return subprocess.run(
         [BIN / "ray", "job", "submit", "--address", head.dashboard, "--submission-id", submission_id,
-         "--working-dir", ".", "--", *entrypoint],
+         *([] if wait else ["--no-wait"]), "--working-dir", ".", "--", *entrypoint],
         cwd=ROOT, env=head.env, capture_output=True, text=True, timeout=600,
     )
 
@@ -115,3 +117,51 @@ def test_ray_job_submit_on_a_two_node_cluster_batch_synchronous_on_vllm(tmp_path
     assert (job_root / "mlruns.db").is_file()
     # mlflow's artifacts (metrics file, reward curve) beside its store, not in the uploaded copy Ray deletes
     assert list((job_root / "mlruns").rglob("metrics.jsonl")), sorted(p.name for p in job_root.iterdir())
+
+
+def test_ray_job_stop_ends_the_run_gracefully_and_a_resubmitted_job_resumes_from_its_checkpoint(tmp_path, job_root):
+    """``ray job stop`` sends SIGTERM to the job's driver and SIGKILLs it ``RAY_JOB_STOP_WAIT_TIME_S`` later (Ray's
+    default is 3 s, too short to stop a run's workers and delete its rollout app: the cluster here sets 60, as the
+    docs tell operators to). The stopped run keeps its newest checkpoint; the same job submitted again resumes there
+    and reaches the last step with one metrics row per step."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PYTHONPATH")}
+    env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", RAY_AUTH_MODE="token",
+               RAY_AUTH_TOKEN=secrets.token_hex(32), RAY_JOB_STOP_WAIT_TIME_S="60")
+    run_dir = job_root / "runs" / "stopped"
+    with ray_head(tmp_path / "ray_start.log", num_cpus=4, env=env, cwd=ROOT, resources={"head_node": 8}) as head:
+        ray_job = [BIN / "ray", "job"]
+        stopped_id = f"tandem-job-stop-{secrets.token_hex(3)}"
+        proc = _submit(head, job_root, stopped_id, "stopped", "trainer.total_training_steps=5", "trainer.save_freq=1",
+                       wait=False)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+        def trained_two_steps() -> bool:
+            path = run_dir / "learner_metrics.jsonl"
+            return path.is_file() and len(path.read_text().splitlines()) >= 2 and bool(
+                list(run_dir.glob("ray_train/*/checkpoint_*/state.pt")) or list(run_dir.rglob("state.pt")))
+
+        wait_for(trained_two_steps, 420, "two trained steps and a checkpoint")
+        stop = subprocess.run([*ray_job, "stop", "--address", head.dashboard, stopped_id], env=head.env,
+                              capture_output=True, text=True, timeout=180)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        status = subprocess.run([*ray_job, "status", "--address", head.dashboard, stopped_id], env=head.env,
+                                capture_output=True, text=True, timeout=60).stdout
+        assert f"Job '{stopped_id}' was stopped" in status, status
+        logs = subprocess.run([*ray_job, "logs", "--address", head.dashboard, stopped_id], env=head.env,
+                              capture_output=True, text=True, timeout=60).stdout
+        assert "SIGTERM: stopping agent workers and the learner" in logs, logs[-4000:]
+        assert "SIGTERM received" not in logs  # Ray's failure-signal handler (stack dump, exit 134) did not run
+        assert "total wall time" in logs, logs[-4000:]  # the graceful path finished before the SIGKILL deadline
+        done = sorted(int(json.loads(line)["step"]) for line in (run_dir / "learner_metrics.jsonl").open())
+        assert done and done[-1] < 5, done  # stopped before the last step
+
+        resumed_id = f"tandem-job-resume-{secrets.token_hex(3)}"
+        proc = _submit(head, job_root, resumed_id, "stopped", "trainer.total_training_steps=5", "trainer.save_freq=1")
+        _succeeded(head, proc, resumed_id)
+        out = proc.stdout + proc.stderr
+        assert re.search(r"resuming from the step-\d+ checkpoint", out), out[-4000:]
+        # the stopped job deleted its rollout app: the resubmitted one deployed its own instead of attaching
+        assert "deployed rollout app" in out and "attached to rollout app" not in out, out[-4000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [int(r["step"]) for r in rows if "policy_version" in r] == [1, 2, 3, 4, 5], rows
+    assert (run_dir / "adapters" / "v5" / "adapter_model.safetensors").is_file()

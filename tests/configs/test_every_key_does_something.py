@@ -20,7 +20,7 @@ from configs.schema import TandemConfig
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
-CODE = "\n".join(p.read_text() for d in ("agents", "apps", "deployments", "trainers") for p in (ROOT / d).rglob("*.py"))
+CODE = "\n".join(p.read_text() for d in ("agents", "apps", "deployments", "trainers", "orchestration", "observability") for p in (ROOT / d).rglob("*.py"))
 
 # fields enforced by a config rule: an override, and what it must do (an error, or a property it changes)
 ENFORCED = {
@@ -34,6 +34,9 @@ ENFORCED = {
     "actor_rollout_ref.rollout.mode": ("sync", None),
     "actor_rollout_ref.rollout.prompt_length": ("77", None),  # must agree with data.max_prompt_length
     "actor_rollout_ref.rollout.response_length": ("77", None),
+    # the opt-out of the public-bind rule (tests/deployments/test_access.py): loads, and is what lets 0.0.0.0 load
+    "serve.allow_public_without_key": ("true", lambda c: load_config(None, ["serve.host=0.0.0.0",
+                                                                            "serve.allow_public_without_key=true"])),
 }
 
 
