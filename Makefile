@@ -71,7 +71,8 @@ test-vllm:
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run_all
 
-# the README's command blocks, run as written in a fresh clone (after `make demo` here; ~15 min; not in CI)
+# the command blocks of the README and the guides (mkdocs.yml nav: Getting started, Guides), run as written in a fresh
+# clone (after `make demo` here; not in CI); `python scripts/readme_check.py --list` shows what runs and what is skipped
 readme-check: $(STAMP)
 	$(BIN)/python scripts/readme_check.py
 
