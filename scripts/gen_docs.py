@@ -181,6 +181,7 @@ def benchmarks_page(results_path: Path) -> str:
             f"| machine | {_cell(str(machine.get('cpu', '?')))}, {machine.get('cpu_count', '?')} CPUs, "
             f"{machine.get('memory_gib', '?')} GiB, GPUs: {_cell(gpus)} |",
             f"| OS, Python | {_cell(str(machine.get('os', '?')))}, {machine.get('python', '?')} |",
+            f"| selection | {_selection(results.get('selection') or {})} |",
             "",
             "| benchmark | ratio | goal | verdict | seconds | its last line |",
             "|---|---|---|---|---|---|",
@@ -194,6 +195,14 @@ def benchmarks_page(results_path: Path) -> str:
     lines += [f"| `benchmarks/{name}.py` | {benchmark_summary(name)} |" for name in names]
     lines.append("")
     return "\n".join(lines)
+
+
+def _selection(selection: dict[str, Any]) -> str:
+    only, skip = selection.get("only"), selection.get("skip") or []
+    if only is None and not skip:
+        return "every benchmark (`make bench`)"
+    parts = ([f"`--only {' '.join(only)}`"] if only is not None else []) + ([f"`--skip {' '.join(skip)}`"] if skip else [])
+    return "a partial run: " + ", ".join(parts)
 
 
 def _shown(path: Path) -> str:
