@@ -12,7 +12,7 @@ QUIET_PIP := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory"
 # when make started (before any install it does): `make test` ends with its wall time
 STARTED := $(shell date +%s)
 
-.PHONY: setup demo demo-sql test test-fast agl-venv fuzz fuzz-api test-vllm bench readme-check clean
+.PHONY: setup demo demo-sql test test-fast agl-venv fuzz fuzz-api test-vllm bench readme-check docs clean
 
 setup: $(STAMP)
 
@@ -76,9 +76,25 @@ test-vllm:
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run_all
 
-# the README's command blocks, run as written in a fresh clone (after `make demo` here; ~15 min; not in CI)
+# the command blocks of the README and the guides (mkdocs.yml nav: Getting started, Guides), run as written in a fresh
+# clone (after `make demo` here; not in CI); `python scripts/readme_check.py --list` shows what runs and what is skipped
 readme-check: $(STAMP)
 	$(BIN)/python scripts/readme_check.py
 
+# the docs site in site/: its own venv (.venv-docs, requirements/docs.txt), then the generated pages (the configuration
+# reference from the pydantic schema, the benchmarks page from runs/bench/results.json, which `make bench` writes),
+# then mkdocs --strict (a broken link, a page missing from the nav or an API page that does not resolve fails).
+# Nothing is fetched while building: no web fonts, no plugin that downloads.
+DOCS_VENV := .venv-docs
+DOCS_STAMP := $(DOCS_VENV)/.installed
+$(DOCS_STAMP): requirements/docs.txt
+	test -x $(DOCS_VENV)/bin/python || $(PY) -m venv $(DOCS_VENV)
+	$(DOCS_VENV)/bin/pip install -q -r requirements/docs.txt $(QUIET_PIP)
+	touch $(DOCS_STAMP)
+
+docs: $(STAMP) $(DOCS_STAMP)
+	$(BIN)/python scripts/gen_docs.py
+	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf .cache runs mlruns.db .pytest_cache
+	rm -rf .cache runs mlruns.db .pytest_cache site

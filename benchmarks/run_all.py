@@ -7,12 +7,19 @@ its result: the first ``N.NNx`` ratio there is the ratio column, and ``PASS`` / 
 which the benchmark computes from its numbers (this script never decides one). A benchmark without a goal has
 no verdict (``-``); one that exits non-zero without a verdict is ``ERROR``. The goal column comes from the
 benchmark module's ``GOAL`` string. Exit status 1 when any verdict is FAIL or ERROR.
+
+The same rows go to a machine-readable file (``--results``, default ``runs/bench/results.json``) with the machine,
+the git commit and the date, so the docs' benchmarks page is rendered from a run instead of typed by hand.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import datetime
+import json
+import os
+import platform
 import re
 import subprocess
 import sys
@@ -76,14 +83,68 @@ def table(rows: list[dict[str, str]]) -> str:
     return "\n".join(out)
 
 
+def machine() -> dict[str, object]:
+    """What the numbers were measured on: CPU model and count, memory, GPUs (nvidia-smi, when present), OS, Python."""
+    cpu = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
+                if line.startswith("model name")), platform.processor() or platform.machine())
+    mem_kb = next((int(line.split()[1]) for line in _read("/proc/meminfo").splitlines()
+                   if line.startswith("MemTotal:")), 0)
+    try:
+        gpus = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=10).stdout.split("\n")
+    except (OSError, subprocess.SubprocessError):
+        gpus = []
+    return {"cpu": cpu, "cpu_count": os.cpu_count(), "memory_gib": round(mem_kb / 2**20, 1),
+            "gpus": [g.strip() for g in gpus if g.strip()], "os": platform.platform(),
+            "python": platform.python_version()}
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def git_commit() -> dict[str, object]:
+    """The commit the benchmarks ran at, and whether the work tree had uncommitted changes."""
+    def git(*args: str) -> str:
+        proc = subprocess.run(["git", *args], cwd=HERE.parent, capture_output=True, text=True)
+        return proc.stdout.strip() if proc.returncode == 0 else ""
+    return {"commit": git("rev-parse", "HEAD") or "unknown", "dirty": bool(git("status", "--porcelain"))}
+
+
+def write_results(path: Path, rows: list[dict[str, str]], seconds: list[float], started: datetime.datetime,
+                  selection: dict[str, object]) -> None:
+    results = {
+        "date": started.isoformat(timespec="seconds"),
+        "machine": machine(),
+        **git_commit(),
+        "selection": selection,
+        "benchmarks": [{"name": r["benchmark"], "ratio": r["ratio"], "goal": r["goal"], "verdict": r["verdict"],
+                        "seconds": round(s, 1), "last_line": r["last line"]} for r, s in zip(rows, seconds)],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"results: {path}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="*", default=None)
     parser.add_argument("--skip", nargs="*", default=[])
+    parser.add_argument("--results", type=Path, default=HERE.parent / "runs" / "bench" / "results.json",
+                        help="where the machine-readable results go (the docs' benchmarks page reads them)")
     args = parser.parse_args(argv)
     names = [n for n in benchmarks() if (args.only is None or n in args.only) and n not in args.skip]
-    rows = [run_one(name) for name in names]
+    started = datetime.datetime.now(datetime.timezone.utc)
+    rows, seconds = [], []
+    for name in names:
+        began = time.perf_counter()
+        rows.append(run_one(name))
+        seconds.append(time.perf_counter() - began)
     print("\n" + table(rows))
+    write_results(args.results, rows, seconds, started, {"only": args.only, "skip": args.skip})
     return 1 if any(r["verdict"] in ("FAIL", "ERROR") for r in rows) else 0
 
 

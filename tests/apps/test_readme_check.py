@@ -1,4 +1,5 @@
-"""The README check's block parser, and the README itself: every command block runs or says why not."""
+"""The README check's block parser, and the documents it checks (README and guides): every command block runs or
+says why not."""
 
 import importlib.util
 import sys
@@ -37,9 +38,21 @@ def test_blocks_and_their_directives_are_read():
         check.parse_blocks("```bash\nx\n")
 
 
-def test_every_readme_block_runs_as_written_or_says_why_not():
-    blocks = _module().parse_blocks((ROOT / "README.md").read_text())
-    run = [b for b in blocks if not b.skip]
+def test_every_readme_and_guide_block_runs_as_written_or_says_why_not():
+    check = _module()
+    names = check.documents()
+    assert names[0] == "README.md" and "docs/getting-started.md" in names
+    assert {"docs/guides/serve-deploy.md", "docs/guides/ray-job-submit.md", "docs/agent_lightning.md"} <= set(names)
+    found = check.read_documents(names)
+    run = [b for blocks in found.values() for b in blocks if not b.skip]
     assert len(run) >= 8
     for block in run:  # placeholders a reader would have to fill in cannot run as written
-        assert "[...]" not in block.code and "<your" not in block.code, f"README line {block.line}"
+        assert "[...]" not in block.code and "<your" not in block.code, block.where
+
+
+def test_only_names_readme_lines_or_a_documents_lines():
+    check = _module()
+    readme, guide = check.Block(23, "bash", "x\n"), check.Block(23, "bash", "x\n", file="docs/guides/gpu.md")
+    assert check.selected(readme, ["23"]) and check.selected(readme, ["README.md:23"])
+    assert not check.selected(guide, ["23"]) and check.selected(guide, ["docs/guides/gpu.md:23"])
+    assert check.selected(guide, None)
