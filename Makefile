@@ -12,7 +12,7 @@ QUIET_PIP := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory"
 # when make started (before any install it does): `make test` ends with its wall time
 STARTED := $(shell date +%s)
 
-.PHONY: setup demo demo-sql test test-fast agl-venv fuzz fuzz-api test-vllm bench readme-check docs clean
+.PHONY: setup demo demo-sql test test-fast agl-venv fuzz fuzz-api test-vllm bench bench-load readme-check docs clean
 
 setup: $(STAMP)
 
@@ -75,6 +75,11 @@ test-vllm:
 # every benchmark, then one table: benchmark, ratio, goal, PASS/FAIL (computed by each benchmark)
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run_all
+
+# the OpenAI endpoint under load beside `vllm serve` (benchmarks.serve_load; ~25 min at the default levels)
+bench-load: $(STAMP)
+	$(BIN)/pip install -q -r requirements/load.txt $(QUIET_PIP)
+	$(BIN)/python -m benchmarks.serve_load $(ARGS)
 
 # the command blocks of the README and the guides (mkdocs.yml nav: Getting started, Guides), run as written in a fresh
 # clone (after `make demo` here; not in CI); `python scripts/readme_check.py --list` shows what runs and what is skipped

