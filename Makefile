@@ -74,6 +74,7 @@ test-vllm:
 
 # every benchmark, then one table: benchmark, ratio, goal, PASS/FAIL (computed by each benchmark)
 bench: $(STAMP)
+	$(BIN)/pip install -q -r requirements/load.txt $(QUIET_PIP)
 	$(BIN)/python -m benchmarks.run_all
 
 # the OpenAI endpoint under load beside `vllm serve` (benchmarks.serve_load; ~25 min at the default levels)
