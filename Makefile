@@ -12,7 +12,7 @@ QUIET_PIP := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory"
 # when make started (before any install it does): `make test` ends with its wall time
 STARTED := $(shell date +%s)
 
-.PHONY: setup demo demo-sql test test-fast agl-venv fuzz fuzz-api test-vllm bench bench-load readme-check docs clean
+.PHONY: setup demo demo-sql test test-fast agl-venv fuzz fuzz-api test-vllm bench bench-load bench-peers trl-venv readme-check docs clean
 
 setup: $(STAMP)
 
@@ -73,9 +73,16 @@ test-vllm:
 	bash scripts/test_vllm.sh
 
 # every benchmark, then one table: benchmark, ratio, goal, PASS/FAIL (computed by each benchmark)
-bench: $(STAMP)
+bench: $(STAMP) trl-venv
 	$(BIN)/pip install -q -r requirements/load.txt $(QUIET_PIP)
 	$(BIN)/python -m benchmarks.run_all
+
+# TRL's GRPOTrainer beside tandem-rl on the demo task (benchmarks.peer_trl; TRL in its own .venv-trl; ~1.5 h)
+trl-venv:
+	bash scripts/trl_venv.sh .venv-trl
+
+bench-peers: $(STAMP) trl-venv
+	$(BIN)/python -m benchmarks.peer_trl $(ARGS)
 
 # the OpenAI endpoint under load beside `vllm serve` (benchmarks.serve_load; ~25 min at the default levels)
 bench-load: $(STAMP)

@@ -1,0 +1,244 @@
+"""Side by side with TRL's GRPOTrainer: the same SFT model, task, reward and box; time to the same held-out accuracy.
+
+    python -m benchmarks.peer_trl [--seeds 1 2 3] [--steps 4] [--threads 2]        (make bench-peers)
+
+Both frameworks start from the demo's SFT cold start (``.cache/sft-model``, made as ``make demo`` makes it; its
+sha256 is checked before every run) and train LoRA r=8/α=16 on all linear layers with GRPO on the demo task:
+arithmetic rows of the run's seed (train rows in tandem-rl's RowCursor order for both), the calculator tool, the
+correctness reward, G=8, 4 prompts per step, lr 2e-4, AdamW wd 0.01, clip 0.2/0.28, no KL, a 96-token budget over at
+most 3 assistant turns. Per seed the runs alternate (the order rotates), one at a time on the whole box:
+- ``trl``: TRL 1.16 ``GRPOTrainer`` with ``tools=[calculator]`` in its own venv (``make trl-venv``;
+  ``benchmarks/peers/trl_grpo.py``), plain generate at micro-batch 8, an adapter saved after every step;
+- ``tandem``: ``apps.train`` on ``configs/demo_cpu.yaml`` as a user runs it (streaming, one step of staleness);
+- ``tandem-sync``: the same with ``stream.max_staleness=0``, the control that separates the streaming overlap from the
+  rest of the engineering.
+Every adapter of every step of every run, and the SFT model itself, is then scored by ONE evaluator, outside the
+timed phase: greedy, the held-out rows of the seed, tandem-rl's own ``ToolAgentLoop`` (parser, budgets, tool
+execution, reward) over an in-process batched generate (``trl_grpo.py --eval-only``), the same code for both.
+
+Reported, median over seeds, as TRL ÷ tandem-rl: (a) wall time until held-out easy and hard are both ≥ 0.9, with
+and without start-up (process start to the first step: Ray, Serve, model load for tandem-rl; model load and
+trainer set-up for TRL), (b) trained tokens (prompt + response, tool tokens included) per training-second, (c) the
+time per step at equal step counts, with the final accuracy beside it, (d) peak memory: the box's used memory above
+what it used before the run, sampled every second (all of a run's processes, Ray's included; the box is otherwise
+idle). The differences TRL cannot remove are printed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+GOAL = "TRL / tandem-rl >= 2x on wall time to held-out easy and hard >= 0.9 and on trained tokens/s"
+ROOT = Path(__file__).resolve().parents[1]
+TRL_PY = ROOT / ".venv-trl" / "bin" / "python"
+HARNESS = ROOT / "benchmarks" / "peers" / "trl_grpo.py"
+SFT = ROOT / ".cache" / "sft-model"
+OUT = ROOT / "runs" / "peer-trl"
+TARGET = 0.9
+EASY, HARD = "tandem/arithmetic/easy", "tandem/arithmetic/hard"
+DIFFERENCES = (
+    "TRL generates, then trains (no overlap); tandem-rl trains step k while step k+1 generates (tandem-sync: not)",
+    "TRL's tool-call parser is its Qwen3 response schema (a strict regex: a malformed call ends the episode); "
+    "tandem-rl's qwen25_coder parser returns the error to the model as a tool message",
+    "TRL asks for up to 96 new tokens on each turn and trims to the shared budget; tandem-rl asks for what is left",
+    "TRL pads every sample of a micro-batch; tandem-rl packs",
+)
+
+
+def sha256(folder: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(folder.glob("*.safetensors")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def prepare() -> str:
+    """The demo's SFT cold start (cached), as ``make demo`` makes it; returns its weights' sha256."""
+    from apps import demo
+    from configs import load_config
+
+    cfg = load_config("configs/demo_cpu.yaml", [])
+    demo.prepare_base_model(Path(cfg.sft.base_model))
+    demo.cold_start(cfg, demo.write_data(cfg, cfg.trainer.seed))
+    return sha256(SFT)
+
+
+def write_rows(seed: int) -> tuple[Path, Path]:
+    """The seed's train and held-out rows, as the harness draws them (512 / 64)."""
+    from agents.data import arithmetic
+    from agents.data.rows import validate_row, write_parquet
+
+    folder = OUT / "data" / f"s{seed}"
+    paths = folder / "train.parquet", folder / "val.parquet"
+    for (split, count), path in zip((("train", 512), ("val", 64)), paths):
+        write_parquet([validate_row(r, f"{split} row {i}") for i, r in enumerate(arithmetic.make_rows(count, seed, split))],
+                      path)
+    return paths
+
+
+class PeakMemory:
+    """The box's used memory above its level at the start, sampled every second while the block runs (GiB)."""
+
+    def __enter__(self) -> PeakMemory:
+        import psutil
+
+        self.base = psutil.virtual_memory().used
+        self.peak = 0
+        self.running = True
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def _sample(self) -> None:
+        import psutil
+
+        while self.running:
+            self.peak = max(self.peak, psutil.virtual_memory().used - self.base)
+            time.sleep(1.0)
+
+    def __exit__(self, *exc) -> None:
+        self.running = False
+        self.thread.join()
+
+    @property
+    def gib(self) -> float:
+        return self.peak / 2**30
+
+
+def run_trl(seed: int, steps: int, threads: int) -> dict:
+    out = OUT / f"trl-s{seed}"
+    started = time.perf_counter()
+    log = (OUT / f"trl-s{seed}.log").open("w")
+    subprocess.run([str(TRL_PY), str(HARNESS), "--tandem", str(ROOT), "--model", str(SFT), "--steps", str(steps),
+                    "--seed", str(seed), "--threads", str(threads), "--save-steps", "1", "--no-eval-before",
+                    "--out", str(out), "--cache", str(ROOT / ".cache" / "peer-trl")],
+                   cwd=ROOT, check=True, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    wall = time.perf_counter() - started
+    summary = json.loads((out / "summary.json").read_text())
+    return {"wall_s": wall, "step_s": summary["step_s"], "train_s": summary["train_wall_s"],
+            "tokens": summary["trained_tokens"], "adapters": {k + 1: str(out / "adapters" / f"v{k + 1}")
+                                                               for k in range(steps)}}
+
+
+def run_tandem(seed: int, steps: int, name: str, rows: tuple[Path, Path], *extra: str) -> dict:
+    run = f"peer-{name}-s{seed}"
+    started = time.perf_counter()
+    log = (OUT / f"{run}.log").open("w")
+    subprocess.run([sys.executable, "-m", "apps.train", "--config", "configs/demo_cpu.yaml",
+                    f"trainer.experiment_name={run}", f"trainer.seed={seed}", f"trainer.total_training_steps={steps}",
+                    f"data.train_files={rows[0]}", "data.val_files=null", "trainer.val_before_train=false",
+                    "trainer.test_freq=-1", "trainer.validation_data_dir=null", "trainer.resume_mode=disable",
+                    "trainer.save_freq=-1", *extra],
+                   cwd=ROOT, check=True, stdout=log, stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - started
+    run_dir = ROOT / "runs" / run
+    rows_ = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps_ = [r for r in rows_ if "policy_version" in r and r["step"] >= 1]
+    step_s = [r["timing/step_s"] for r in steps_]
+    tokens = sum(r.get("tokens_per_s", 0.0) * r.get("step_time_s", 0.0) for r in steps_)
+    return {"wall_s": wall, "step_s": step_s, "train_s": sum(step_s), "tokens": tokens,
+            "adapters": {int(r["policy_version"]): str(run_dir / "adapters" / f"v{int(r['policy_version'])}")
+                         for r in steps_}}
+
+
+def evaluate(seed: int, adapters: list[str]) -> dict[str, dict[str, float]]:
+    """One evaluator for every adapter of the seed (and the SFT model, ``base``)."""
+    path = OUT / f"eval-s{seed}.json"
+    subprocess.run([str(TRL_PY), str(HARNESS), "--tandem", str(ROOT), "--model", str(SFT), "--seed", str(seed),
+                    "--eval-only", "base", *adapters, "--eval-json", str(path)], cwd=ROOT, check=True,
+                   stdout=(OUT / f"eval-s{seed}.log").open("w"), stderr=subprocess.STDOUT)
+    return json.loads(path.read_text())
+
+
+def time_to_target(run: dict, scores: dict[str, dict[str, float]]) -> tuple[int | None, float, float]:
+    """The first step whose adapter has easy and hard ≥ TARGET; seconds to it without and with start-up."""
+    startup = run["wall_s"] - run["train_s"]
+    for step in sorted(run["adapters"]):
+        score = scores[run["adapters"][step]]
+        if score[f"val-core/{EASY}/acc/mean@1"] >= TARGET and score[f"val-core/{HARD}/acc/mean@1"] >= TARGET:
+            trained = sum(run["step_s"][:step])
+            return step, trained, trained + startup
+    return None, float("inf"), float("inf")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    if not TRL_PY.is_file():
+        raise SystemExit(f"{TRL_PY} missing: make trl-venv (or make bench-peers) first")
+    OUT.mkdir(parents=True, exist_ok=True)
+    digest = prepare()
+    print(f"start model {SFT} sha256 {digest[:16]}", flush=True)
+    runs: dict[str, list[dict]] = {"trl": [], "tandem": [], "tandem-sync": []}
+    for index, seed in enumerate(args.seeds):
+        rows = write_rows(seed)
+        order = ["trl", "tandem", "tandem-sync"]
+        order = order[index % 3:] + order[:index % 3]  # the order rotates: no framework always runs first
+        for name in order:
+            if sha256(SFT) != digest:
+                raise RuntimeError(f"{SFT} changed during the benchmark")
+            with PeakMemory() as memory:
+                if name == "trl":
+                    run = run_trl(seed, args.steps, args.threads)
+                else:
+                    run = run_tandem(seed, args.steps, name, rows, *(["stream.max_staleness=0"]
+                                                                       if name == "tandem-sync" else []))
+            run.update(seed=seed, peak_gib=memory.gib)
+            runs[name].append(run)
+            print(f"seed {seed} {name}: wall {run['wall_s']:.0f}s, steps " + ", ".join(f"{s:.0f}" for s in run["step_s"])
+                  + f" s, {run['tokens'] / run['train_s']:.1f} trained tokens/s", flush=True)
+        scores = evaluate(seed, [a for name in runs for run in runs[name] if run["seed"] == seed
+                                 for a in run["adapters"].values()])
+        for name in runs:
+            run = runs[name][-1]
+            run["scores"] = scores
+            run["to_target"] = time_to_target(run, scores)
+            final = scores[run["adapters"][max(run["adapters"])]]
+            run["final"] = (final[f"val-core/{EASY}/acc/mean@1"], final[f"val-core/{HARD}/acc/mean@1"])
+            print(f"seed {seed} {name}: held-out easy/hard after each step: " + ", ".join(
+                f"{scores[run['adapters'][k]][f'val-core/{EASY}/acc/mean@1']:.2f}/"
+                f"{scores[run['adapters'][k]][f'val-core/{HARD}/acc/mean@1']:.2f}" for k in sorted(run["adapters"]))
+                + f"; ≥ {TARGET} at step {run['to_target'][0]}", flush=True)
+    base = scores["base"]
+    print(f"SFT start (last seed's rows): easy/hard {base[f'val-core/{EASY}/acc/mean@1']:.2f}/"
+          f"{base[f'val-core/{HARD}/acc/mean@1']:.2f}")
+
+    def med(name: str, value) -> float:
+        return statistics.median(value(run) for run in runs[name])
+
+    ratios = {}
+    for name in ("tandem", "tandem-sync"):
+        ratios[name] = {
+            "time to target (training)": med("trl", lambda r: r["to_target"][1]) / med(name, lambda r: r["to_target"][1]),
+            "time to target (with start-up)": med("trl", lambda r: r["to_target"][2]) / med(name, lambda r: r["to_target"][2]),
+            "trained tokens/s": med(name, lambda r: r["tokens"] / r["train_s"]) / med("trl", lambda r: r["tokens"] / r["train_s"]),
+            "time per step": med("trl", lambda r: r["train_s"] / len(r["step_s"])) / med(name, lambda r: r["train_s"] / len(r["step_s"])),
+        }
+        print(f"TRL ÷ {name} (median of {len(args.seeds)} seeds): " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios[name].items()))
+    for name in runs:
+        print(f"  {name}: final held-out easy/hard (median) {med(name, lambda r: r['final'][0]):.2f}/"
+              f"{med(name, lambda r: r['final'][1]):.2f} after {args.steps} steps; peak memory "
+              f"{med(name, lambda r: r['peak_gib']):.2f} GiB")
+    for line in DIFFERENCES:
+        print(f"  difference: {line}")
+    headline = ratios["tandem"]
+    ok = headline["time to target (with start-up)"] >= 2.0 and headline["trained tokens/s"] >= 2.0
+    print(f"peer_trl: time to held-out ≥ {TARGET} {headline['time to target (with start-up)']:.2f}x (with start-up), "
+          f"trained tokens/s {headline['trained tokens/s']:.2f}x; {'PASS' if ok else 'FAIL'} ({GOAL})")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
