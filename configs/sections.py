@@ -269,7 +269,7 @@ def is_loopback(host: str) -> bool:
     if host.lower() in ("localhost", "localhost."):
         return True
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
+        return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
 

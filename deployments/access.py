@@ -26,6 +26,10 @@ class BearerToken:
         """True when the request's ``Authorization`` header carries the token (constant-time comparison)."""
         return hmac.compare_digest((authorization or "").encode(), self._expected)
 
+    def secret(self) -> str:
+        """The token itself, for the project's own clients of the ingress (agent workers' HTTP agent loops)."""
+        return self._expected.decode().removeprefix("Bearer ")
+
     def __repr__(self) -> str:
         return "BearerToken(<hidden>)"
 

@@ -79,6 +79,7 @@ class AgentWorkerSpec:
     default_agent_loop: str = "single_turn_agent"
     max_concurrent_episodes: int = 64
     openai_base_url: str = ""
+    openai_api_key: str = field(default="", repr=False)  # the ingress's bearer token (serve.api_key_env), if any
     max_generate_retries: int = 3  # a generate whose replica died goes to another replica this many times
     tool_env: dict[str, Any] = field(default_factory=dict)  # tools.env: into every tool's config
     tool_max_concurrency: int | None = None  # tools.max_concurrency: tool calls in flight per worker
@@ -87,7 +88,8 @@ class AgentWorkerSpec:
     agent_lightning: Any = None  # AglSettings: episodes run by Agent Lightning agents through agl-server
 
     @classmethod
-    def from_config(cls, cfg: Any, *, tokenizer_path: str | None = None, openai_base_url: str = "") -> AgentWorkerSpec:
+    def from_config(cls, cfg: Any, *, tokenizer_path: str | None = None, openai_base_url: str = "",
+                    openai_api_key: str = "") -> AgentWorkerSpec:
         """From a ``TandemConfig`` (``actor_rollout_ref.rollout``, ``data``, ``max_model_len``, model path)."""
         rollout = cfg.actor_rollout_ref.rollout
         model = cfg.actor_rollout_ref.model
@@ -107,6 +109,7 @@ class AgentWorkerSpec:
             default_agent_loop=rollout.agent.default_agent_loop,
             max_concurrent_episodes=rollout.agent.max_concurrent_episodes,
             openai_base_url=openai_base_url,
+            openai_api_key=openai_api_key,
             agent_lightning=AglSettings.from_config(cfg.agent_lightning),
             reward_function=(None if cfg.reward_function is None else
                              (cfg.reward_function.path, cfg.reward_function.name, dict(cfg.reward_function.reward_kwargs))),
@@ -171,6 +174,7 @@ class AgentWorkerImpl:
             **({} if spec.reward_function is None else {"reward": custom_reward(load_custom_reward(*spec.reward_function))}),
             run_id=self.run_id,
             openai_base_url=spec.openai_base_url,
+            openai_api_key=spec.openai_api_key,
             agent_lightning=(AglClient(spec.agent_lightning, spec.openai_base_url)
                              if spec.agent_lightning is not None else None),
         )

@@ -25,7 +25,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 import ray
-from fastapi import FastAPI, Header, HTTPException, Request
+from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
@@ -84,7 +84,20 @@ class SessionStore:
         return self.sessions.pop(session_id, [])
 
 
-app = FastAPI(title="tandem-rl rollout")
+# The token this process's ingress replica requires (set by ``OpenAIIngress.__init__``: one replica per process).
+_ACCESS: dict[str, BearerToken | None] = {"token": None}
+
+
+async def _authorized(authorization: str | None = Header(default=None)) -> None:
+    """Every route's first dependency: FastAPI solves it before it validates the body, so a request without the token
+    gets a 401, never a 400 that describes the schema."""
+    token = _ACCESS["token"]
+    if token is not None and not token.admits(authorization):
+        raise HTTPException(401, "missing or wrong bearer token: send the token of serve.api_key_env as "
+                                 "'Authorization: Bearer <token>'", headers={"WWW-Authenticate": "Bearer"})
+
+
+app = FastAPI(title="tandem-rl rollout", dependencies=[Depends(_authorized)])
 
 
 @app.exception_handler(HTTPException)
@@ -134,7 +147,7 @@ class OpenAIIngress:
         self.parser = parser
         self.max_model_len = max_model_len
         self.engine = engine  # the rollout engine's name: only vllm decodes under a JSON schema
-        self.api_key = api_key  # BearerToken: compares in constant time, never prints its value
+        _ACCESS["token"] = api_key  # BearerToken: compares in constant time, never prints its value
         self._store_name = f"tandem-sessions-{serve.get_replica_context().app_name}"
         self._store = self._session_store()
 
@@ -152,14 +165,8 @@ class OpenAIIngress:
             self._store = self._session_store()
             return await getattr(self._store, method).remote(*args)
 
-    def _authorize(self, authorization: str | None) -> None:
-        if self.api_key is not None and not self.api_key.admits(authorization):
-            raise HTTPException(401, "missing or wrong bearer token: send the token of serve.api_key_env as "
-                                     "'Authorization: Bearer <token>'", headers={"WWW-Authenticate": "Bearer"})
-
     @app.get("/v1/models", responses=ERROR_RESPONSES)
-    async def models(self, authorization: str | None = Header(default=None)) -> dict[str, Any]:
-        self._authorize(authorization)
+    async def models(self) -> dict[str, Any]:
         entry = {"id": self.served_model_name, "object": "model", "created": 0, "owned_by": "tandem-rl"}
         return {"object": "list", "data": [entry]}
 
@@ -167,10 +174,8 @@ class OpenAIIngress:
     async def chat_completions(
         self,
         body: ChatCompletionRequest,
-        authorization: str | None = Header(default=None),
         x_session_id: str | None = Header(default=None),
     ) -> Any:
-        self._authorize(authorization)
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         forced = body.forced_tool
         schema = None
@@ -211,10 +216,8 @@ class OpenAIIngress:
     async def completions(
         self,
         body: CompletionRequest,
-        authorization: str | None = Header(default=None),
         x_session_id: str | None = Header(default=None),
     ) -> Any:
-        self._authorize(authorization)
         completion_id = f"cmpl-{uuid.uuid4().hex}"
         prompt_ids = self._prompt_ids(body)
         samples = await self._sample(body, prompt_ids, body.max_tokens or 16, completion_id, x_session_id)
@@ -237,8 +240,7 @@ class OpenAIIngress:
         return response
 
     @app.get("/v1/sessions/{session_id}", responses=SESSION_RESPONSES)
-    async def get_session(self, session_id: str, authorization: str | None = Header(default=None)) -> dict[str, Any]:
-        self._authorize(authorization)
+    async def get_session(self, session_id: str) -> dict[str, Any]:
         calls = await self._call_store("get", session_id)
         if calls is None:
             raise HTTPException(404, f"no calls recorded for session {session_id!r}")

@@ -154,8 +154,11 @@ def build_app(args: dict[str, Any] | RolloutAppArgs) -> Application:
         ),
     )
     ingress_options: dict[str, Any] = {"num_cpus": 0.1}
+    # Serve's default of 5 requests in flight per ingress replica would cap every HTTP client (an agent framework, a
+    # load test) at 5 generations per ingress replica: it takes what every rollout replica together accepts
     ingress = OpenAIIngress.options(name=INGRESS_DEPLOYMENT, num_replicas=spec_args.ingress_replicas,
-                                    ray_actor_options=ingress_options)
+                                    ray_actor_options=ingress_options,
+                                    max_ongoing_requests=spec_args.max_ongoing_requests * spec_args.max_replicas)
     return ingress.bind(
         rollout.bind(spec),
         model_path,
@@ -247,6 +250,7 @@ def ingress_url(serve_cfg: Any) -> str:
     """The OpenAI ingress's base URL as agents on this cluster reach it (``http://host:port/prefix``; a wildcard
     bind address is reached on loopback)."""
     host = "127.0.0.1" if serve_cfg.host in ("0.0.0.0", "::", "") else serve_cfg.host
+    host = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
     return f"http://{host}:{serve_cfg.port}{serve_cfg.route_prefix.rstrip('/')}"
 
 

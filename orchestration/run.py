@@ -24,6 +24,7 @@ import ray
 from agents.records import AdapterRef
 from agents.tools.registry import load_tools
 from configs import ConfigError, TandemConfig
+from deployments.access import token_from_env
 from deployments.agent_workers import AgentWorker, AgentWorkerSpec
 from deployments.rollout_app import (attach_rollout_app, delete_rollout_app, deploy_rollout_app, deployed_apps,
                                      ingress_url)
@@ -135,6 +136,10 @@ class TrainingRun:
         """Ray (only once the config, data and resume point are known good), its resources and every node a role can
         land on (checkpoint storage, trace store, the files rows and tools read); then the tracker."""
         cfg = self.cfg
+        try:  # before Ray starts: a named but unset key variable is a one-line error, not an open ingress
+            self.api_token = token_from_env(cfg.serve.api_key_env, "serve.api_key_env")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         prepare_store(cfg)  # mlflow's import and store creation overlap Ray's start
         connect_ray(cfg)
         install_signal_handlers()  # again: ray.init replaced the SIGTERM handler
@@ -200,7 +205,8 @@ class TrainingRun:
         cfg = self.cfg
         self.run_id = self.tracker.mlflow_run_id or uuid.uuid4().hex[:8]
         spec = AgentWorkerSpec.from_config(cfg, tokenizer_path=self.tokenizer_path,
-                                           openai_base_url=ingress_url(cfg.serve))
+                                           openai_base_url=ingress_url(cfg.serve),
+                                           openai_api_key=self.api_token.secret() if self.api_token else "")
         tracer_factory = _tracer_factory(cfg)
         agent = cfg.actor_rollout_ref.rollout.agent
         self.workers = [AgentWorker.options(**agent.placement.actor_options()).remote(

@@ -28,7 +28,7 @@ async def _langgraph_sql(ctx: AgentContext, episode: Episode) -> EpisodeResult:
     # Imported on use: langchain/langgraph take seconds to import and only this loop needs them.
     from agents.loops.langgraph_sql import run_langgraph_sql
 
-    return await run_langgraph_sql(ctx, episode)
+    return await run_langgraph_sql(ctx, episode, **({"api_key": ctx.openai_api_key} if ctx.openai_api_key else {}))
 
 
 async def _agent_lightning(ctx: AgentContext, episode: Episode) -> EpisodeResult:

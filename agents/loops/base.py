@@ -73,6 +73,8 @@ class AgentContext:
     run_id: str = ""
     openai_base_url: str = ""
     """The rollout app's OpenAI endpoint (``http://host:port``), for loops that speak OpenAI (langgraph_sql)."""
+    openai_api_key: str = field(default="", repr=False)
+    """The endpoint's bearer token when the app requires one (``serve.api_key_env``); empty: it is open."""
     tool_slots: asyncio.Semaphore | None = None
     """Tool calls in flight across the worker's episodes (``tools.max_concurrency``); None = no bound."""
     agent_lightning: Any = None
