@@ -64,7 +64,7 @@ FUZZ_RUNS ?= 10
 fuzz: $(STAMP)
 	for i in $$(seq $(FUZZ_RUNS)); do HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest -q -m hypothesis || exit 1; done
 
-# 2,000 requests generated from the OpenAI ingress's OpenAPI schema with a new seed (make test sends a fixed-seed 200)
+# 2,000 requests generated from the OpenAI ingress's OpenAPI schema with a new seed (make test sends a fixed-seed 400)
 FUZZ_API_REQUESTS ?= 2000
 fuzz-api: $(STAMP)
 	$(BIN)/python -m benchmarks.fuzz_api --requests $(FUZZ_API_REQUESTS)

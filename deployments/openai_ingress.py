@@ -25,7 +25,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 import ray
-from fastapi import Depends, FastAPI, Header, HTTPException, Request
+from fastapi import FastAPI, Header, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
@@ -84,20 +84,31 @@ class SessionStore:
         return self.sessions.pop(session_id, [])
 
 
-# The token this process's ingress replica requires (set by ``OpenAIIngress.__init__``: one replica per process).
-_ACCESS: dict[str, BearerToken | None] = {"token": None}
+app = FastAPI(title="tandem-rl rollout")
+OPEN_PATHS = frozenset({"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})  # the schema: no model, no record
 
 
-async def _authorized(authorization: str | None = Header(default=None)) -> None:
-    """Every route's first dependency: FastAPI solves it before it validates the body, so a request without the token
-    gets a 401, never a 400 that describes the schema."""
-    token = _ACCESS["token"]
-    if token is not None and not token.admits(authorization):
-        raise HTTPException(401, "missing or wrong bearer token: send the token of serve.api_key_env as "
-                                 "'Authorization: Bearer <token>'", headers={"WWW-Authenticate": "Bearer"})
+def _replica_token() -> BearerToken | None:
+    """The token of the ingress replica serving this request (read from the replica's own object: a module global
+    would not survive Serve shipping the app to its replicas)."""
+    return serve.get_replica_context().servable_object.api_key
 
 
-app = FastAPI(title="tandem-rl rollout", dependencies=[Depends(_authorized)])
+UNAUTHORIZED = {"message": "missing or wrong bearer token: send the token of serve.api_key_env as "
+                           "'Authorization: Bearer <token>'", "type": "invalid_request_error", "param": None,
+                "code": "invalid_api_key"}
+
+
+@app.middleware("http")
+async def _authorized(request: Request, call_next: Any) -> Any:
+    """Every request but the schema's passes here first, before routing and before its body is read or validated: a
+    request without the token gets a 401, never a 400 that describes the schema."""
+    root = request.scope.get("root_path", "")
+    path = request.url.path[len(root):] if root and request.url.path.startswith(root) else request.url.path
+    token = _replica_token()
+    if token is not None and path not in OPEN_PATHS and not token.admits(request.headers.get("authorization")):
+        return JSONResponse(status_code=401, content={"error": UNAUTHORIZED}, headers={"WWW-Authenticate": "Bearer"})
+    return await call_next(request)
 
 
 @app.exception_handler(HTTPException)
@@ -147,7 +158,7 @@ class OpenAIIngress:
         self.parser = parser
         self.max_model_len = max_model_len
         self.engine = engine  # the rollout engine's name: only vllm decodes under a JSON schema
-        _ACCESS["token"] = api_key  # BearerToken: compares in constant time, never prints its value
+        self.api_key = api_key  # BearerToken: compares in constant time, never prints its value (_authorized)
         self._store_name = f"tandem-sessions-{serve.get_replica_context().app_name}"
         self._store = self._session_store()
 

@@ -77,7 +77,7 @@ def test_the_token_is_checked_before_the_body_is_validated(monkeypatch):
 
     from deployments import openai_ingress
 
-    monkeypatch.setitem(openai_ingress._ACCESS, "token", BearerToken("tok-77"))
+    monkeypatch.setattr(openai_ingress, "_replica_token", lambda: BearerToken("tok-77"))
     client = TestClient(openai_ingress.app)  # no Serve replica behind it: only what runs before the handler answers
     for path in ("/v1/chat/completions", "/v1/completions"):
         for body in ({"messages": []}, {"prompt": 5, "n": 1000}, {}):
