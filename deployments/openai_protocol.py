@@ -68,8 +68,8 @@ class SamplingRequest(BaseModel):
     temperature: float = Field(default=1.0, ge=0, le=2)
     top_p: float = Field(default=1.0, gt=0, le=1)
     max_tokens: int | None = Field(default=None, ge=1)
-    seed: int | None = None
-    """Sample ``i`` of ``n`` uses ``seed + i``."""
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1 - MAX_N)
+    """Sample ``i`` of ``n`` uses ``seed + i``; a 64-bit seed (a larger one was a 500 from the engine's generator)."""
     n: int = Field(default=1, ge=1, le=MAX_N)
     """Samples of the one prompt, sent to one replica together (the prompt is prefilled once)."""
     stream: bool = False
