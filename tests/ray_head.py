@@ -82,7 +82,10 @@ def ray_head(log_path: Path, num_cpus: int, env: dict[str, str], cwd: Path,
              "--dashboard-host=127.0.0.1", "--node-ip-address=127.0.0.1", "--disable-usage-stats",
              f"--temp-dir={temp_dir}", *(f"{flag}={port}" for flag, port in ports.items()),
              *([f"--resources={json.dumps(resources)}"] if resources else [])],
-            cwd=cwd, env={**env, **NO_DRAIN}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            # RAY_ADDRESS: the cluster's own processes (Ray Train's placement-group cleaner asks the state API whether
+            # its controller lives) must ask this cluster, not whichever other one runs on the machine
+            cwd=cwd, env={**env, "RAY_ADDRESS": f"127.0.0.1:{gcs}", **NO_DRAIN}, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     dashboard = f"http://127.0.0.1:{dash}"
     try:
@@ -136,3 +139,30 @@ def _stop(head: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(head.pid, signal.SIGKILL)
     head.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def session_cluster(log_dir: Path, root: Path) -> Iterator[None]:
+    """The test session's one shared cluster (16 logical CPUs: every tier shares it; token auth off; workers import
+    the repo at ``root``), unless one is connected already. Started with ``ray start --head`` so that its own
+    processes know its address: Ray Train's placement-group cleaner asks the state API whether its controller lives,
+    and on a machine where another test's cluster runs (the own_cluster tests beside these) an address-less query
+    reached the other cluster, found no such actor, and removed the placement group of a training run in progress."""
+    import ray
+
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
+    if ray.is_initialized():
+        yield
+        return
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with ray_head(log_dir / "ray_start.log", num_cpus=16, env=env, cwd=root) as head:
+        ray.init(address=head.gcs_address, log_to_driver=False)
+        try:
+            yield
+        finally:
+            from ray import serve
+
+            serve.shutdown()
+            ray.shutdown()

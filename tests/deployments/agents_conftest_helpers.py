@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import socket
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -156,19 +156,10 @@ def sql_model_dir(request: pytest.FixtureRequest) -> Path:
 @pytest.fixture(scope="session")
 def agents_ray() -> Iterator[None]:
     """A local Ray cluster (reused if a session fixture elsewhere already started one)."""
-    import ray
+    from tests.ray_head import session_cluster
 
-    started = False
-    if not ray.is_initialized():
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        ray.init(address="local", num_cpus=16, include_dashboard=False, log_to_driver=False)  # logical CPUs: all tiers share one cluster
-        started = True
-    yield
-    if started:
-        from ray import serve
-
-        serve.shutdown()
-        ray.shutdown()
+    with session_cluster(Path(tempfile.mkdtemp(prefix="session_ray")), Path(__file__).resolve().parents[2]):
+        yield
 
 
 @pytest.fixture(scope="module")  # its only module; deleted after it (an idle app takes CPU from later tests)

@@ -46,20 +46,12 @@ class RolloutApp:
 
 
 @pytest.fixture(scope="session")
-def ray_cluster():
-    """A local 4-CPU Ray cluster for the whole session (token auth off; workers import the repo)."""
-    import ray
-    from ray import serve
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory):
+    """The session's shared Ray cluster (tests.ray_head.session_cluster)."""
+    from tests.ray_head import session_cluster
 
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=16, include_dashboard=False, log_to_driver=False)  # logical CPUs: all tiers share one cluster
-    yield
-    if started:  # the fixture that started the cluster stops it, after every user of it
-        serve.shutdown()
-        ray.shutdown()
+    with session_cluster(tmp_path_factory.mktemp("session_ray"), ROOT):
+        yield
 
 
 @pytest.fixture(scope="session")

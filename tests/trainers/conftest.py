@@ -3,7 +3,6 @@ local Ray cluster per test session."""
 
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 
@@ -51,14 +50,11 @@ def make_trajectories(num_groups: int, n: int, seed: int, max_response: int = 24
 
 
 @pytest.fixture(scope="session")
-def ray_cluster():
-    """One local Ray cluster for the session (4 logical CPUs: 2 train workers + driver-side actors)."""
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory):
+    """The session's shared Ray cluster (tests.ray_head.session_cluster)."""
     import ray
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=16, include_dashboard=False, log_to_driver=False)  # logical CPUs: all tiers share one cluster
-    yield ray
-    if started:
-        ray.shutdown()
+    from tests.ray_head import session_cluster
+
+    with session_cluster(tmp_path_factory.mktemp("session_ray"), Path(__file__).resolve().parents[2]):
+        yield ray
