@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import secrets
-import socket
 import sys
 import time
 from collections import Counter
@@ -160,14 +159,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from apps.make_tiny_model import build_tiny_model
     from deployments.rollout_app import RolloutAppArgs, build_app
+    from tests.ray_head import free_port
 
     if not (args.model / "config.json").is_file():
         build_tiny_model(args.model, seed=0)
     token = secrets.token_hex(16)
     os.environ["TANDEM_FUZZ_API_KEY"] = token
-    with socket.socket() as probe:  # a free port on loopback
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
     serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"log_level": "WARNING"})
     serve.run(build_app(RolloutAppArgs(model=str(args.model.resolve()), parser="qwen25_coder", max_model_len=512,

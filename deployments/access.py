@@ -11,6 +11,8 @@ from __future__ import annotations
 import hmac
 import os
 
+from configs import ConfigError
+
 
 class BearerToken:
     """The one token the ingress accepts, as ``Authorization: Bearer <token>``."""
@@ -44,12 +46,13 @@ class BearerToken:
 
 def token_from_env(env_name: str | None, key: str) -> BearerToken | None:
     """The token in environment variable ``env_name`` (``None`` when no variable is named: the ingress is open).
-    A variable that is named but unset or empty is an error naming ``key``: the app would otherwise start open."""
+    A variable that is named but unset or empty is a ``ConfigError`` naming ``key`` (the CLIs print it as one line):
+    the app would otherwise start open."""
     if not env_name:
         return None
     value = os.environ.get(env_name, "")
     if not value:
-        raise ValueError(f"{key}={env_name}: the environment variable {env_name} is unset or empty in this process, so "
+        raise ConfigError(f"{key}={env_name}: the environment variable {env_name} is unset or empty in this process, so "
                          f"the OpenAI ingress would accept every request. Export it before deploying "
                          f"(export {env_name}=<token>), or remove {key} to serve without a token")
     return BearerToken(value)
