@@ -12,7 +12,7 @@ QUIET_PIP := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory"
 # when make started (before any install it does): `make test` ends with its wall time
 STARTED := $(shell date +%s)
 
-.PHONY: setup demo demo-sql test test-fast agl-venv fuzz fuzz-api test-vllm bench bench-load bench-peers trl-venv readme-check docs clean
+.PHONY: setup demo demo-sql test test-fast agl-venv fuzz fuzz-api test-vllm bench bench-load bench-faults bench-peers trl-venv readme-check docs clean
 
 setup: $(STAMP)
 
@@ -88,6 +88,10 @@ bench-peers: $(STAMP) trl-venv
 bench-load: $(STAMP)
 	$(BIN)/pip install -q -r requirements/load.txt $(QUIET_PIP)
 	$(BIN)/python -m benchmarks.serve_load $(ARGS)
+
+# faults under load (benchmarks.serve_faults; ~8 min): a rollout replica killed mid-load, autoscaling 1 -> 2 -> 1
+bench-faults: $(STAMP)
+	$(BIN)/python -m benchmarks.serve_faults $(ARGS)
 
 # the command blocks of the README and the guides (mkdocs.yml nav: Getting started, Guides), run as written in a fresh
 # clone (after `make demo` here; not in CI); `python scripts/readme_check.py --list` shows what runs and what is skipped

@@ -103,6 +103,32 @@ def _finished(name: str, config: str, overrides: list[str], steps: int) -> list[
     return _validations(run_dir)
 
 
+AUX = (("val-aux/num_turns/mean", "turns/episode", "{:.2f}"), ("val-aux/tool_calls/mean", "tool calls/episode", "{:.2f}"),
+       ("val-aux/tool_errors/mean", "tool errors fed back/episode", "{:.2f}"),
+       ("val-aux/parse_errors/call_share", "unreadable tool calls (share of calls)", "{:.1%}"),
+       ("val-aux/response_length/mean", "response tokens/episode", "{:.0f}"))
+
+
+def sql_tables(config: str, overrides: list[str], steps: int) -> str:
+    """The SQL task's per-family table (each family's accuracy before → after, both runs) and the episodes' shape
+    (turns, tool calls, errors fed back, unreadable calls, length) before → after, read from the two run folders."""
+    runs = {label: _finished(f"learning-control-sql-{name}", config, overrides, steps)
+            for label, name in (("GRPO", "grpo"), ("control", "lr0"))}
+    lines = [f"{'family':<44} {'GRPO before → after':>20} {'control before → after':>23}"]
+    families = sorted({source for vals in runs.values() for source in _sources(vals[0]) if ":" in source})
+    for family in families:
+        cells = [f"{_core(vals[0], family):.3f} → {_core(vals[-1], family):.3f}" for vals in runs.values()]
+        lines.append(f"{family:<44} {cells[0]:>20} {cells[1]:>23}")
+    for key, label, fmt in AUX:
+        cells = [f"{fmt.format(vals[0][key])} → {fmt.format(vals[-1][key])}" for vals in runs.values()]
+        lines.append(f"{label:<44} {cells[0]:>20} {cells[1]:>23}")
+    return "\n".join(lines)
+
+
+def _sources(row: dict[str, float]) -> set[str]:
+    return {k.removeprefix("val-core/").rsplit("/", 2)[0] for k in row if k.startswith("val-core/") and "/mean@" in k}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", choices=sorted(TASKS), default="arithmetic")
@@ -110,12 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="GRPO steps per run (default: arithmetic 10, sql: "
                         "the config's trainer.total_training_steps)")
     parser.add_argument("--runs", default="grpo,control",
-                        help="which runs to start (comma-separated); the other is read from its run folder")
+                        help="which runs to start (comma-separated; none: only report); the others are read from their "
+                             "run folders")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
-    wanted = set(args.runs.split(","))
+    wanted = set(args.runs.split(",")) - {"none"}
     if not wanted <= {"grpo", "control"}:
-        raise SystemExit(f"--runs {args.runs!r}: expected grpo, control or both")
+        raise SystemExit(f"--runs {args.runs!r}: expected grpo, control, both or none")
     logging.basicConfig(level=logging.WARNING)
     config = args.config or TASKS[args.task]
     steps = args.steps or (10 if args.task == "arithmetic" else load_config(config, args.overrides).trainer.total_training_steps)
@@ -148,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         per_source = "; ".join(f"{source} {b:.3f} → {a:.3f}" for source, b, a in shown)
         print(f"{label:>16}: held-out greedy acc@1 {per_source}; {summary} after {steps} steps, "
               f"{time.perf_counter() - started:.0f}s", flush=True)
+    if args.task == "sql":
+        print(sql_tables(config, args.overrides, steps))
     grpo, control = results.values()
     goal = SQL_GOAL_DELTA if args.task == "sql" else GOAL_DELTA
     ok = grpo >= goal and abs(control) < CONTROL_LIMIT

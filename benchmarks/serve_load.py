@@ -36,10 +36,13 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import httpx
 import yaml
+
+if TYPE_CHECKING:
+    from tests.ray_head import RayHead
 
 GOAL = "at 32 clients: output tokens/s >= 1.0x vLLM's, with p99 latency no worse"
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,33 +135,43 @@ def _wait_http(url: str, headers: dict[str, str], timeout_s: float, what: str, p
 
 
 @contextlib.contextmanager
-def tandem_server(model: Path, token: str, out: Path, dtype: str) -> Iterator[str]:
-    """``ray start --head`` + ``serve deploy`` of serve_config.yaml on ``model``; yields the base URL."""
+def tandem_app(model: Path, token: str, out: Path, dtype: str, autoscaling: dict, replica_cpus: int,
+               max_ongoing: int = MAX_SEQS) -> Iterator[tuple[str, RayHead]]:
+    """``ray start --head`` + ``serve deploy`` of serve_config.yaml on ``model``, its ``RolloutServer`` with
+    ``autoscaling`` (min/max replicas and the rest of Serve's autoscaling_config) and ``replica_cpus`` CPUs (torch
+    threads) per replica; the cluster has room for ``max_replicas`` of them. Yields the base URL and the head."""
     from tests.ray_head import free_port, ray_head
 
-    cpus = os.cpu_count() or 2
     port = free_port()
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     config["http_options"]["port"] = port
     app = config["applications"][0]
-    app["args"].update(model=str(model), min_replicas=1, max_replicas=1, num_cpus=cpus, api_key_env="LOAD_TOKEN",
-                       engine_kwargs={"max_batch_size": MAX_SEQS, "dtype": dtype})
+    app["args"].update(model=str(model), min_replicas=autoscaling["min_replicas"],
+                       max_replicas=autoscaling["max_replicas"], num_cpus=replica_cpus, api_key_env="LOAD_TOKEN",
+                       engine_kwargs={"max_batch_size": max_ongoing, "dtype": dtype})
     for deployment in app["deployments"]:
         if deployment["name"] == "RolloutServer":
-            deployment.update(max_ongoing_requests=MAX_SEQS,
-                              autoscaling_config={**deployment["autoscaling_config"], "min_replicas": 1,
-                                                  "max_replicas": 1},
-                              ray_actor_options={"num_cpus": cpus})
+            deployment.update(max_ongoing_requests=max_ongoing,
+                              autoscaling_config={**deployment["autoscaling_config"], **autoscaling},
+                              ray_actor_options={"num_cpus": replica_cpus})
     path = out / "serve_config.yaml"
     path.write_text(yaml.safe_dump(config))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(RAY_AUTH_MODE="disabled", PYTHONPATH=str(ROOT), LOAD_TOKEN=token)
-    # logical CPUs: the replica's reservation plus the ingress's; the threads are the replica's
-    with ray_head(out / "ray_start.log", num_cpus=cpus + 1, env=env, cwd=ROOT) as head:
+    # logical CPUs: every replica's reservation plus the ingress's
+    with ray_head(out / "ray_start.log", num_cpus=replica_cpus * autoscaling["max_replicas"] + 1, env=env,
+                  cwd=ROOT) as head:
         subprocess.run([str(BIN / "serve"), "deploy", str(path), "-a", head.dashboard], env=env, check=True, cwd=ROOT,
                        stdout=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{port}"
         _wait_http(f"{url}/v1/models", {"Authorization": f"Bearer {token}"}, 600, "tandem-rl's rollout app")
+        yield url, head
+
+
+@contextlib.contextmanager
+def tandem_server(model: Path, token: str, out: Path, dtype: str) -> Iterator[str]:
+    """One replica reserving every core; yields the base URL."""
+    with tandem_app(model, token, out, dtype, {"min_replicas": 1, "max_replicas": 1}, os.cpu_count() or 2) as (url, _):
         yield url
 
 

@@ -37,6 +37,7 @@ from agents.parsers import parse_tool_calls
 from agents.records import GenerateRequest, GenerateResult, SamplingParams, ScoredSample, Trajectory
 from agents.rewards import load_custom_reward
 from agents.tools.registry import load_tools
+from deployments.replica_retry import DEFAULT_MAX_RETRIES, call_surviving_deaths
 
 MAX_ACTOR_CONCURRENCY = 10_000  # run_rows calls and their episodes all live on the actor's event loop
 
@@ -49,21 +50,18 @@ class HandleGenerator:
     and re-sticks the trajectory. ``retries`` counts them.
     """
 
-    def __init__(self, handle: DeploymentHandle, max_retries: int = 3):
+    def __init__(self, handle: DeploymentHandle, max_retries: int = DEFAULT_MAX_RETRIES):
         self.handle = handle
         self.max_retries = max_retries
         self.retries = 0
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        for attempt in range(self.max_retries + 1):
-            try:
-                return await self.handle.generate.remote(request)
-            except ray.exceptions.RayActorError as exc:  # the replica died (or was unreachable) mid-request
-                if attempt == self.max_retries:
-                    raise RuntimeError(f"generate {request.request_id or request.trajectory_id!r}: its replica died {attempt + 1} times "
-                                       f"in a row ({type(exc).__name__})") from exc
-                self.retries += 1
-        raise AssertionError("unreachable")
+        return await call_surviving_deaths(lambda: self.handle.generate.remote(request),
+                                           f"generate {request.request_id or request.trajectory_id!r}",
+                                           self.max_retries, on_retry=self._count)
+
+    def _count(self) -> None:
+        self.retries += 1
 
 
 @dataclass(frozen=True)
@@ -80,7 +78,7 @@ class AgentWorkerSpec:
     max_concurrent_episodes: int = 64
     openai_base_url: str = ""
     openai_api_key: str = field(default="", repr=False)  # the ingress's bearer token (serve.api_key_env), if any
-    max_generate_retries: int = 3  # a generate whose replica died goes to another replica this many times
+    max_generate_retries: int = DEFAULT_MAX_RETRIES  # a generate whose replica died goes to another replica this many times
     tool_env: dict[str, Any] = field(default_factory=dict)  # tools.env: into every tool's config
     tool_max_concurrency: int | None = None  # tools.max_concurrency: tool calls in flight per worker
     # a user's verl-style reward function: (file, function name, reward_kwargs); None = the built-in rewards

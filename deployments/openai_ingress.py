@@ -53,6 +53,7 @@ from deployments.openai_protocol import (
     text_completion,
 )
 from deployments.openai_stream import chat_chunks, sse, text_chunks, usage_chunk
+from deployments.replica_retry import ReplicaLost, call_surviving_deaths
 from deployments.session_replay import replay_prompt_ids
 
 logger = logging.getLogger(__name__)
@@ -116,9 +117,10 @@ async def _openai_error(request: Request, exc: HTTPException) -> JSONResponse:
     # OpenAI clients read ``error.message``; FastAPI's default body is ``{"detail": ...}``. A 401 carries OpenAI's
     # own code for it, which its SDK raises as AuthenticationError.
     code = "invalid_api_key" if exc.status_code == 401 else exc.status_code
+    kind = "server_error" if exc.status_code >= 500 else "invalid_request_error"
     return JSONResponse(
         status_code=exc.status_code,
-        content={"error": {"message": str(exc.detail), "type": "invalid_request_error", "param": None, "code": code}},
+        content={"error": {"message": str(exc.detail), "type": kind, "param": None, "code": code}},
         headers=exc.headers,
     )
 
@@ -297,13 +299,19 @@ class OpenAIIngress:
         return samples
 
     async def _generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
+        # a replica that dies under the call: the same tokens and seeds go to another replica (call_surviving_deaths);
+        # when every try dies, a 503 that names the request, in OpenAI's error shape, instead of a 500 or a hang
+        what = f"request {requests[0].request_id.rsplit('-', 1)[0] if len(requests) > 1 else requests[0].request_id}"
         try:
             if len(requests) == 1:
-                results = [await self.rollout.generate.remote(requests[0])]
+                results = [await call_surviving_deaths(lambda: self.rollout.generate.remote(requests[0]), what)]
             else:  # one call (see RolloutServer.generate_group)
-                results = await self.rollout.generate_group.remote(requests)
+                results = await call_surviving_deaths(lambda: self.rollout.generate_group.remote(requests), what)
         except PromptTooLong as exc:  # the engine's check; the message names the request
             raise HTTPException(400, str(getattr(exc, "cause", exc))) from None
+        except ReplicaLost as exc:
+            logger.warning("%s", exc)
+            raise HTTPException(503, f"{exc}; retry it", headers={"Retry-After": "1"}) from None
         for request, result in zip(requests, results):
             if result.finish_reason == "abort":
                 raise HTTPException(503, f"request {request.request_id} was aborted by the engine")

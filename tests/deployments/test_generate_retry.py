@@ -4,6 +4,8 @@ replicas keep dying fails with its id after ``max_retries``."""
 from __future__ import annotations
 
 import asyncio
+import json
+from types import SimpleNamespace
 
 import pytest
 import ray
@@ -50,3 +52,32 @@ def test_replicas_that_keep_dying_fail_the_request_by_id():
     with pytest.raises(RuntimeError, match="'t0-1': its replica died 3 times"):
         asyncio.run(generator.generate(_request()))
     assert generator.retries == 2
+
+
+# ---------------------------------------------------------------- the OpenAI ingress (its handler, without Serve)
+
+def _ingress_generate(handle, requests):
+    from deployments.openai_ingress import OpenAIIngress
+
+    return asyncio.run(OpenAIIngress.func_or_class._generate(SimpleNamespace(rollout=handle), requests))
+
+
+def test_the_ingress_sends_a_request_whose_replica_died_to_another_replica():
+    handle = FlakyHandle(deaths=2)
+    [result] = _ingress_generate(handle, [_request()])
+    assert result.token_ids == (5, 6) and len(handle.seen) == 3 and all(r == handle.seen[0] for r in handle.seen)
+
+
+def test_the_ingress_answers_503_in_openais_shape_naming_the_request_when_every_replica_dies():
+    from fastapi import HTTPException
+
+    from deployments.openai_ingress import _openai_error
+
+    with pytest.raises(HTTPException) as info:
+        _ingress_generate(FlakyHandle(deaths=10), [_request()])
+    assert info.value.status_code == 503 and info.value.headers == {"Retry-After": "1"}
+    assert "request t0-1: its replica died 4 times in a row (ActorDiedError); retry it" == info.value.detail
+    response = asyncio.run(_openai_error(None, info.value))
+    assert response.status_code == 503 and response.headers["retry-after"] == "1"
+    assert json.loads(response.body) == {"error": {"message": info.value.detail, "type": "server_error", "param": None,
+                                                   "code": 503}}
