@@ -151,6 +151,14 @@ class TandemConfig(Section):
         if rollout.agent.default_agent_loop == "agent_lightning" and not (agl.server_url and agl.agent_class):
             raise ValueError("default_agent_loop=agent_lightning needs agent_lightning.server_url (agl-server) and "
                              "agent_lightning.agent_class (the agent agl-controller runs)")
+        if agl.server_url and agl.agent_class and self.serve.api_key_env:
+            # agentlightning 1.0.2's proxy (server/proxy.py) posts to the registered endpoint with a content-type header
+            # only: with a token required, every agent call would come back 401 and every rollout fail
+            raise ValueError(
+                f"serve.api_key_env={self.serve.api_key_env} makes the OpenAI ingress require a bearer token, but "
+                "agl-server's proxy (agentlightning 1.0.2) forwards agents' calls without any Authorization header, so "
+                "each would be refused: with agent_lightning.server_url set, leave serve.api_key_env unset and keep "
+                "serve.host on loopback (protect agl-server itself with its key: agent_lightning.api_key_env)")
         return self
 
     @property

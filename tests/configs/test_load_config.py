@@ -184,3 +184,11 @@ def test_the_agent_lightning_loop_needs_a_server_and_an_agent_class():
         "agent_lightning.server_url=http://127.0.0.1:8181", "agent_lightning.agent_class=pkg.mod.Agent",
         "agent_lightning.env_map={QUESTION: input.question}"])
     assert cfg.agent_lightning.env_map == {"QUESTION": "input.question"} and cfg.agent_lightning.timeout_s == 600
+
+
+def test_agent_lightning_with_a_token_on_the_ingress_is_refused_since_its_proxy_sends_none():
+    agl = ["agent_lightning.server_url=http://127.0.0.1:8181", "agent_lightning.agent_class=pkg.mod.Agent"]
+    with pytest.raises(ConfigError, match="serve.api_key_env=TANDEM_KEY .* forwards agents' calls without any "
+                                          "Authorization header"):
+        load_config("configs/demo_cpu.yaml", [*agl, "serve.api_key_env=TANDEM_KEY"])
+    assert load_config("configs/demo_cpu.yaml", [*agl, "agent_lightning.api_key_env=AGL_KEY"]).serve.api_key_env is None
