@@ -38,12 +38,12 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks.chat_task import MAX_TURNS, TOOLS, calculator_answer
 from benchmarks.serve_load import MODEL_NAME, ROOT, tandem_app
 
 GOAL = ("a replica killed mid-load: no hang, failures only OpenAI-shaped 503s, session records intact, 2 replicas "
         "again; autoscaling 1 -> 2 under load -> 1 after")
 APP, DEPLOYMENT = "tandem-rollout", "RolloutServer"
-MAX_TURNS = 3
 RECOVERY_LIMIT_S = 300.0  # how long the kill phase waits for Serve to replace the killed replica
 # upscale after 2 s above 4 requests per replica, downscale after 20 s below; queue lengths every second over 5 s
 AUTOSCALE = {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 4, "upscale_delay_s": 2,
@@ -80,8 +80,6 @@ def _error_outcome(response: httpx.Response) -> str:
 
 async def _request(http: httpx.AsyncClient, url: str, token: str, messages: list[dict], session: str, turn: int,
                    timeout_s: float, load: Load) -> dict | None:
-    from benchmarks.serve_load_user import TOOLS
-
     record = Record(session, turn, time.monotonic())
     load.records.append(record)
     body = {"model": MODEL_NAME, "messages": messages, "tools": TOOLS, "max_tokens": 64, "temperature": 1.0,
@@ -110,8 +108,6 @@ async def _request(http: httpx.AsyncClient, url: str, token: str, messages: list
 async def _client(http: httpx.AsyncClient, url: str, token: str, rows, deadline: float, timeout_s: float,
                   load: Load) -> None:
     """Episodes back to back until ``deadline`` (or the request cap): a tool call is answered with the calculator."""
-    from benchmarks.serve_load_user import _calculate
-
     while time.monotonic() < deadline:
         messages, session = list(next(rows)["prompt"]), uuid.uuid4().hex
         for turn in range(MAX_TURNS):
@@ -122,8 +118,8 @@ async def _client(http: httpx.AsyncClient, url: str, token: str, rows, deadline:
             if message is None or not message.get("tool_calls"):
                 break
             messages.append(message)
-            messages += [{"role": "tool", "tool_call_id": c["id"], "content": _calculate(c["function"]["arguments"])}
-                         for c in message["tool_calls"]]
+            messages += [{"role": "tool", "tool_call_id": c["id"],
+                          "content": calculator_answer(c["function"]["arguments"])} for c in message["tool_calls"]]
 
 
 async def run_load(url: str, token: str, clients: int, seconds: float, timeout_s: float,
@@ -191,8 +187,17 @@ def phase_kill(model: Path, token: str, out: Path, args: argparse.Namespace) -> 
     killed: dict = {}
 
     async def kill(started: float) -> None:
+        try:
+            await _kill(started)
+        except Exception as exc:  # the fault itself failed: the phase says so instead of ending in a traceback
+            killed["error"] = f"{type(exc).__name__}: {exc}"
+
+    async def _kill(started: float) -> None:
         await asyncio.sleep(args.kill_at)
-        replica = _running(await asyncio.to_thread(_deployment, head.dashboard))[0]
+        running = _running(await asyncio.to_thread(_deployment, head.dashboard))
+        if not running:
+            raise RuntimeError("no running RolloutServer replica to kill")
+        replica = running[0]
         os.kill(replica["pid"], signal.SIGKILL)
         killed.update(at=time.monotonic(), started=started, replica=replica["replica_id"], pid=replica["pid"])
         # back: two running replicas, the killed one not among them (Serve lists it as running until its health
@@ -208,6 +213,9 @@ def phase_kill(model: Path, token: str, out: Path, args: argparse.Namespace) -> 
     with tandem_app(model, token, out, "float32", fixed, replica_cpus=1, max_ongoing=args.clients) as (url, head):
         records = asyncio.run(run_load(url, token, args.clients, args.seconds, args.timeout, during=kill))
         checked, broken = check_sessions(url, token, records)
+    if "at" not in killed:
+        print(f"kill: FAIL (the replica was not killed: {killed.get('error', 'the load ended first')})", flush=True)
+        return False
     at = killed["at"]
     in_flight = [r for r in records if r.start < at < r.end]
     back = f"after {killed['back'] - at:.1f}s" if "back" in killed else f"not within {RECOVERY_LIMIT_S:.0f}s"

@@ -21,20 +21,11 @@ import openai
 from locust import User, between, events, task
 
 from agents.data import arithmetic
-from agents.tools.calculator import CalculatorTool, calculate, format_number
+from benchmarks.chat_task import MAX_TURNS, TOOLS, calculator_answer
 
 ROWS = arithmetic.make_rows(256, seed=7, split="val")
-TOOLS = [CalculatorTool.default_schema()]
-MAX_TURNS = 3
 _requests = itertools.count(1)
 _records = open(os.environ.get("LOAD_RECORDS", os.devnull), "a", buffering=1)
-
-
-def _calculate(arguments: str) -> str:
-    try:
-        return format_number(calculate(str(json.loads(arguments).get("expression", ""))))
-    except Exception as exc:  # the model's malformed call is data: the error goes back as the tool's answer
-        return f"error: {exc}"
 
 
 class ChatUser(User):
@@ -62,7 +53,7 @@ class ChatUser(User):
             messages.append(message)
             for call in message["tool_calls"]:
                 messages.append({"role": "tool", "tool_call_id": call["id"],
-                                 "content": _calculate(call["function"]["arguments"])})
+                                 "content": calculator_answer(call["function"]["arguments"])})
 
     def _turn(self, messages: list[dict], turn: int) -> dict | None:
         started = time.perf_counter()

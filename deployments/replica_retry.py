@@ -1,8 +1,9 @@
 """A call to a ``RolloutServer`` replica that survives the replica dying (deployments layer).
 
-Generate requests are token-in with their own seed, so sending one again to another replica regenerates the same
-turn: the agent workers' ``HandleGenerator`` and the OpenAI ingress both go through ``call_surviving_deaths``. After
-``max_retries`` deaths in a row it raises ``ReplicaLost`` naming the request (the ingress answers it with a 503).
+Generate requests are token-in, so another replica can take one whole: with a seed it samples the same turn again,
+without one a new sample of it; nothing of the try that died was recorded anywhere (an answer is recorded once it
+returns). The agent workers' ``HandleGenerator`` and the OpenAI ingress both go through ``call_surviving_deaths``.
+After ``max_retries`` deaths in a row it raises ``ReplicaLost`` naming the request (the ingress answers it with a 503).
 """
 
 from __future__ import annotations
@@ -22,9 +23,12 @@ DEFAULT_MAX_RETRIES = 3  # a request whose replica died goes to another replica 
 class ReplicaLost(RuntimeError):
     """Every replica a request was sent to died under it (``attempts`` times in a row)."""
 
-    def __init__(self, what: str, attempts: int, cause: BaseException):
-        super().__init__(f"{what}: its replica died {attempts} times in a row ({type(cause).__name__})")
+    def __init__(self, message: str, attempts: int):
+        super().__init__(message)
         self.attempts = attempts
+
+    def __reduce__(self):  # it crosses actor boundaries (an agent worker's group to the coordinator): rebuilt whole
+        return type(self), (str(self), self.attempts)
 
 
 async def call_surviving_deaths(call: Callable[[], Awaitable[T]], what: str, max_retries: int = DEFAULT_MAX_RETRIES,
@@ -36,7 +40,8 @@ async def call_surviving_deaths(call: Callable[[], Awaitable[T]], what: str, max
             return await call()
         except REPLICA_GONE as exc:
             if attempt == max_retries:
-                raise ReplicaLost(what, attempt + 1, exc) from exc
+                raise ReplicaLost(f"{what}: its replica died {attempt + 1} times in a row ({type(exc).__name__})",
+                                  attempt + 1) from exc
             if on_retry is not None:
                 on_retry()
     raise AssertionError("unreachable")

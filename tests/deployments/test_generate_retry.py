@@ -81,3 +81,12 @@ def test_the_ingress_answers_503_in_openais_shape_naming_the_request_when_every_
     assert response.status_code == 503 and response.headers["retry-after"] == "1"
     assert json.loads(response.body) == {"error": {"message": info.value.detail, "type": "server_error", "param": None,
                                                    "code": 503}}
+
+
+def test_replica_lost_survives_pickling_as_it_crosses_actor_boundaries():
+    import pickle
+
+    from deployments.replica_retry import ReplicaLost
+
+    lost = pickle.loads(pickle.dumps(ReplicaLost("generate 't0-1': its replica died 4 times in a row", 4)))
+    assert type(lost) is ReplicaLost and lost.attempts == 4 and str(lost).startswith("generate 't0-1'")
