@@ -155,7 +155,11 @@ def main(argv: list[str] | None = None) -> int:
         if ("grpo" if lr is None else "control") in wanted:
             vals = run_once(config, args.overrides, name, lr, steps)
         else:
-            vals = _finished(name, config, args.overrides, steps)
+            try:
+                vals = _finished(name, config, args.overrides, steps)
+            except FileNotFoundError as exc:  # neither started nor on disk: this run's line says so, no verdict
+                print(f"{label:>16}: not run ({exc})", flush=True)
+                continue
             label += " (read from its run folder)"
         before, after = vals[0], vals[-1]
         if int(before["step"]) != 0 or int(after["step"]) != steps:
@@ -175,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
         per_source = "; ".join(f"{source} {b:.3f} → {a:.3f}" for source, b, a in shown)
         print(f"{label:>16}: held-out greedy acc@1 {per_source}; {summary} after {steps} steps, "
               f"{time.perf_counter() - started:.0f}s", flush=True)
+    if len(results) < 2:
+        print("verdict: none (it needs both runs: start the missing one with --runs)")
+        return 1
     if args.task == "sql":
         print(sql_tables(config, args.overrides, steps))
     grpo, control = results.values()
