@@ -103,7 +103,8 @@ def _finished(name: str, config: str, overrides: list[str], steps: int) -> list[
     return _validations(run_dir)
 
 
-AUX = (("val-aux/num_turns/mean", "turns/episode", "{:.2f}"), ("val-aux/tool_calls/mean", "tool calls/episode", "{:.2f}"),
+AUX = (("val-aux/num_turns/mean", "turns/episode", "{:.2f}"),
+       ("val-aux/tool_calls/mean", "tool calls/episode", "{:.2f}"),
        ("val-aux/tool_errors/mean", "tool errors fed back/episode", "{:.2f}"),
        ("val-aux/parse_errors/call_share", "unreadable tool calls (share of calls)", "{:.1%}"),
        ("val-aux/response_length/mean", "response tokens/episode", "{:.0f}"))

@@ -39,7 +39,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.chat_task import MAX_TURNS, TOOLS, calculator_answer
-from benchmarks.serve_load import MODEL_NAME, ROOT, tandem_app
+from benchmarks.serve_load import MODEL_NAME, ROOT, _percentile, tandem_app
 
 GOAL = ("a replica killed mid-load: no hang, failures only OpenAI-shaped 503s, session records intact, 2 replicas "
         "again; autoscaling 1 -> 2 under load -> 1 after")
@@ -133,7 +133,8 @@ async def run_load(url: str, token: str, clients: int, seconds: float, timeout_s
     async with httpx.AsyncClient(limits=limits) as http:
         started = time.monotonic()
         deadline = started + seconds
-        tasks = [asyncio.create_task(_client(http, url, token, rows, deadline, timeout_s, load)) for _ in range(clients)]
+        tasks = [asyncio.create_task(_client(http, url, token, rows, deadline, timeout_s, load))
+                 for _ in range(clients)]
         if during is not None:
             tasks.append(asyncio.create_task(during(started)))
         await asyncio.gather(*tasks)
@@ -177,8 +178,8 @@ def check_sessions(url: str, token: str, records: list[Record],
 
 def _summary(records: list[Record], seconds: float) -> str:
     outcomes = Counter(r.outcome for r in records)
-    latencies = sorted(r.end - r.start for r in records if r.outcome == "200")
-    p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else float("nan")
+    latencies = [r.end - r.start for r in records if r.outcome == "200"]
+    p99 = _percentile(latencies, 0.99)
     return (f"{len(records)} requests ({len(records) / seconds:.2f}/s), outcomes {dict(outcomes)}, "
             f"latency max {max(latencies, default=float('nan')):.1f}s p99 {p99:.1f}s")
 

@@ -78,7 +78,7 @@ class AgentWorkerSpec:
     max_concurrent_episodes: int = 64
     openai_base_url: str = ""
     openai_api_key: str = field(default="", repr=False)  # the ingress's bearer token (serve.api_key_env), if any
-    max_generate_retries: int = DEFAULT_MAX_RETRIES  # a generate whose replica died goes to another replica this many times
+    max_generate_retries: int = DEFAULT_MAX_RETRIES  # a generate whose replica died goes to another one this many times
     tool_env: dict[str, Any] = field(default_factory=dict)  # tools.env: into every tool's config
     tool_max_concurrency: int | None = None  # tools.max_concurrency: tool calls in flight per worker
     # a user's verl-style reward function: (file, function name, reward_kwargs); None = the built-in rewards

@@ -301,7 +301,7 @@ class OpenAIIngress:
     async def _generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
         # a replica that dies under the call: the same tokens and seeds go to another replica (call_surviving_deaths);
         # when every try dies, a 503 that names the request, in OpenAI's error shape, instead of a 500 or a hang
-        what = f"request {requests[0].request_id.rsplit('-', 1)[0] if len(requests) > 1 else requests[0].request_id}"
+        what = f"request {requests[0].request_id}"  # a group of n: its first answer's id names it
         try:
             if len(requests) == 1:
                 results = [await call_surviving_deaths(lambda: self.rollout.generate.remote(requests[0]), what)]

@@ -56,8 +56,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 SESSION_RESPONSES: dict[int | str, dict[str, Any]] = {
     **ERROR_RESPONSES, 404: {"model": ErrorResponse, "description": "no calls recorded for the session"}}
 GENERATE_RESPONSES: dict[int | str, dict[str, Any]] = {
-    **ERROR_RESPONSES, 503: {"model": ErrorResponse,
-                             "description": "the engine aborted the request, or its rollout replicas died under it; retry it"}}
+    **ERROR_RESPONSES, 503: {"model": ErrorResponse, "description": "the engine aborted the request, or its rollout "
+                                                                    "replicas died under it; retry it"}}
 
 
 class SamplingRequest(BaseModel):
