@@ -103,20 +103,28 @@ def test_agent_lightnings_own_gsm8k_agent_trains_two_grpo_steps_unchanged(tmp_pa
     proc, run_dir = _train(
         tmp_path, smollm2_dir, rows,
         "trainer.total_training_steps=2", "trainer.save_freq=-1", "stream.max_staleness=0",
-        "actor_rollout_ref.rollout.n=4", "data.max_response_length=96",
+        # The vendored agent asks for max_tokens=1024; the ingress gives it what the context window leaves (prompts are
+        # ~73 tokens, so ~150 new tokens with a 128-token prompt budget), as a vLLM server sized to verl's
+        # max_prompt_length + max_response_length would. At demo_cpu's 256 it sampled ~280 tokens per rollout, and
+        # beside the rest of `make test` rollouts outlived their timeout.
+        # (the agent sends no tools: none are configured, so the rows' own prompts are checked against that budget
+        # without the demo's calculator schema)
+        "actor_rollout_ref.rollout.n=4", "data.max_response_length=96", "data.max_prompt_length=128",
+        "actor_rollout_ref.rollout.multi_turn.tool_config_path=null",
         "actor_rollout_ref.rollout.agent.default_agent_loop=agent_lightning",
         f"agent_lightning.server_url={agl_server}", "agent_lightning.api_key_env=AGL_TEST_KEY",
         f"agent_lightning.model_name={MODEL}", "agent_lightning.agent_class=examples.gsm8k.gsm8k_agent.ChatAgent",
         "agent_lightning.env_map={QUESTION: input.question, ANSWER: input.answer}",
         "agent_lightning.input_fields={question: messages.-1.content}",  # extra_info.question and .answer are in already
-        "agent_lightning.keep_rollouts=true", "agent_lightning.timeout_s=120",
+        "agent_lightning.keep_rollouts=true", "agent_lightning.timeout_s=300",
         env={"AGL_TEST_KEY": KEY},
     )
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [s for s in steps if int(s["step"]) > 0]
     assert [int(s["step"]) for s in steps] == [1, 2]
     book = json.loads((run_dir / "accounting.json").read_text())
-    assert book["groups/balanced"] == 1 and book["groups/failed"] == 0, book
+    failures = [line for line in (proc.stdout + proc.stderr).splitlines() if "failed on worker" in line]
+    assert book["groups/balanced"] == 1 and book["groups/failed"] == 0, (book, failures)
 
     # agl-server's side: every rollout of the run, its calls and its reward events.
     rollouts = _get(agl_server, "/api/rollouts", state_in=["queuing", "running", "succeeded", "failed"], limit=500)
