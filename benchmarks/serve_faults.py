@@ -122,8 +122,17 @@ async def _client(http: httpx.AsyncClient, url: str, token: str, rows, deadline:
                           "content": calculator_answer(c["function"]["arguments"])} for c in message["tool_calls"]]
 
 
+async def _progress(label: str, load: Load, started: float, seconds: float, every_s: float = 15.0) -> None:
+    """One line every ``every_s`` while the load runs: how far, how many answered, failed and in flight."""
+    while (elapsed := time.monotonic() - started) < seconds:
+        await asyncio.sleep(min(every_s, seconds - elapsed))
+        outcomes = Counter(r.outcome or "in flight" for r in load.records)
+        print(f"{label}: {time.monotonic() - started:.0f}s of {seconds:.0f}s: {outcomes.pop('200', 0)} answered, "
+              f"{outcomes.pop('in flight', 0)} in flight, other {dict(outcomes) or 0}", flush=True)
+
+
 async def run_load(url: str, token: str, clients: int, seconds: float, timeout_s: float,
-                   during=None) -> list[Record]:
+                   during=None, label: str = "load") -> list[Record]:
     """``clients`` clients for ``seconds``; ``during(started)`` runs beside them (a fault, a poller)."""
     from agents.data import arithmetic
 
@@ -137,6 +146,7 @@ async def run_load(url: str, token: str, clients: int, seconds: float, timeout_s
                  for _ in range(clients)]
         if during is not None:
             tasks.append(asyncio.create_task(during(started)))
+        tasks.append(asyncio.create_task(_progress(label, load, started, seconds)))
         await asyncio.gather(*tasks)
     return load.records
 
@@ -212,7 +222,7 @@ def phase_kill(model: Path, token: str, out: Path, args: argparse.Namespace) -> 
 
     fixed = {"min_replicas": 2, "max_replicas": 2}
     with tandem_app(model, token, out, "float32", fixed, replica_cpus=1, max_ongoing=args.clients) as (url, head):
-        records = asyncio.run(run_load(url, token, args.clients, args.seconds, args.timeout, during=kill))
+        records = asyncio.run(run_load(url, token, args.clients, args.seconds, args.timeout, during=kill, label="kill"))
         checked, broken = check_sessions(url, token, records)
     if "at" not in killed:
         print(f"kill: FAIL (the replica was not killed: {killed.get('error', 'the load ended first')})", flush=True)
@@ -224,7 +234,9 @@ def phase_kill(model: Path, token: str, out: Path, args: argparse.Namespace) -> 
           f"{at - killed['started']:.1f}s; 2 replicas running again {back}", flush=True)
     print(f"kill: {_summary(records, args.seconds)}")
     print(f"kill: in flight at the kill: {len(in_flight)}, ended {dict(Counter(r.outcome for r in in_flight))}")
-    print(f"kill: sessions checked {checked}, records not matching their answered requests: {len(broken)}")
+    turns = Counter(r.session for r in records)
+    print(f"kill: sessions checked {checked} ({sum(n > 1 for n in turns.values())} of more than one request), records "
+          f"not matching their answered requests: {len(broken)}")
     for line in broken[:10]:
         print(f"  {line}")
     failed = [r.outcome for r in records if r.outcome not in ("200", "HTTP 503")]
@@ -246,7 +258,8 @@ def phase_autoscale(model: Path, token: str, out: Path, args: argparse.Namespace
 
     with tandem_app(model, token, out, "float32", AUTOSCALE, replica_cpus=1, max_ongoing=args.clients) as (url, head):
         started = time.monotonic()
-        records = asyncio.run(run_load(url, token, args.clients, args.seconds, args.timeout, during=poll))
+        records = asyncio.run(run_load(url, token, args.clients, args.seconds, args.timeout, during=poll,
+                                          label="autoscale"))
         load_end = max([r.end for r in records] + [started + args.seconds])
         while time.monotonic() < load_end + args.settle:
             deployment = _deployment(head.dashboard)

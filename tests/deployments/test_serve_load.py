@@ -1,0 +1,31 @@
+"""benchmarks.serve_load's arithmetic on made-up records: a level's figures count the requests that ended in its
+window and the in-window share of those cut by its end; the engine profile is the counters' change over a level."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.serve_load import engine_profile, summarize
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_level_counts_finished_requests_and_the_share_of_one_cut_by_the_window():
+    records = [{"start": 0.0, "latency_s": 4.0, "ttft_s": 1.0, "output_tokens": 40, "error": ""},
+               {"start": 6.0, "latency_s": 8.0, "ttft_s": 2.0, "output_tokens": 80, "error": ""},  # half in the window
+               {"start": 1.0, "latency_s": 1.0, "ttft_s": 1.0, "output_tokens": 0, "error": "HTTP 503"}]
+    level = summarize("tandem", 8, 10.0, records)
+    assert level.requests == 1 and level.output_tokens == 40 + 40
+    assert level.tokens_per_s == pytest.approx(8.0) and level.requests_per_s == pytest.approx(0.1)
+    assert dict(level.errors) == {"HTTP 503": 1}
+
+
+def test_the_engine_profile_is_the_change_of_its_counters_over_the_level():
+    before = {"steps": 100, "decode_s": 10.0, "decode_rows": 800, "decode_padding": 0, "prefill_s": 2.0,
+              "prefill_tokens": 500, "prefill_tokens_cached": 0, "merge_s": 1.0, "generated_tokens": 900}
+    after = {**before, "steps": 300, "decode_s": 50.0, "decode_rows": 800 + 200 * 16, "decode_padding": 6400,
+             "prefill_s": 7.0, "prefill_tokens": 2500, "merge_s": 3.0, "generated_tokens": 900 + 3300}
+    line = engine_profile(before, after, 60.0)
+    assert "busy 47s of 60s" in line and "decode 40s in 200 steps, 200 ms/step, 16.0 rows/step" in line, line
+    assert "2 padded cache positions/row" in line and "2000 tokens computed" in line and "3300 tokens generated" in line
+    assert engine_profile({"error": "gone"}, after, 60.0) == "engine counters unreadable: gone"
