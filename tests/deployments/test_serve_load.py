@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.serve_load import engine_profile, summarize
+from benchmarks.serve_load import engine_profile, parse_vllm_metrics, summarize, vllm_profile
 
 pytestmark = pytest.mark.unit
 
@@ -29,3 +29,20 @@ def test_the_engine_profile_is_the_change_of_its_counters_over_the_level():
     assert "busy 47s of 60s" in line and "decode 40s in 200 steps, 200 ms/step, 16.0 rows/step" in line, line
     assert "2 padded cache positions/row" in line and "2000 tokens computed" in line and "3300 tokens generated" in line
     assert engine_profile({"error": "gone"}, after, 60.0) == "engine counters unreadable: gone"
+
+
+def test_vllms_steps_come_from_its_prometheus_counters_summed_over_labels():
+    text = """# HELP vllm:iteration_tokens_total Histogram of number of tokens per engine_step.
+vllm:iteration_tokens_total_bucket{engine="0",le="1.0",model_name="m"} 3.0
+vllm:iteration_tokens_total_count{engine="0",model_name="m"} 50.0
+vllm:iteration_tokens_total_sum{engine="0",model_name="m"} 1200.0
+vllm:generation_tokens_total{engine="0",model_name="m"} 900.0
+vllm:prompt_tokens_total{engine="0",model_name="m"} 250.0
+vllm:prompt_tokens_total{engine="1",model_name="m"} 50.0
+vllm:prompt_tokens_cached_total{engine="0",model_name="m"} 100.0
+"""
+    after = parse_vllm_metrics(text)
+    assert after == {"steps": 50.0, "step_tokens": 1200.0, "generated_tokens": 900.0, "prompt_tokens": 300.0,
+                     "prompt_tokens_cached": 100.0}
+    line = vllm_profile(dict.fromkeys(after, 0.0), after, 10.0)
+    assert "50 steps, 200 ms/step of wall, 18.0 tokens generated/step, 24.0 forwarded/step" in line, line
