@@ -1,0 +1,110 @@
+"""Where one decode step of the HF engine's model forward spends its time, by operator, at the batch sizes
+``benchmarks.serve_load`` reaches (its profile lines show the engine busy nearly all the time, mostly decoding).
+
+    python -m benchmarks.decode_step_profile [--rows 8 32 64] [--context 300] [--steps 20] [--threads 2]
+
+SmolLM2-135M-Instruct (as ``make demo`` prepares it), float32, the engine's attention (``tandem_gqa_sdpa``) and
+cache (transformers' ``DynamicCache``): ``--rows`` sequences of ``--context`` tokens are prefilled, then decoded one
+token per step as the engine's ``_decode`` does (a growing attention mask, positions, the cache passed back in).
+Per batch size: the wall time of a step (after warm-up, median of ``--steps``), then one profiled pass of
+``--steps`` steps (``torch.profiler``, CPU) grouped by what the operators do: matrix products (the weights),
+attention, growing the cache (``aten::cat``: every layer's keys and values are copied into a new tensor each step),
+sampling's logits work, the rest; and the share of the step spent outside any operator (Python, module calls).
+No verdict: it explains a figure, it has no goal of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GROUPS = {  # operator name -> group; names not listed fall in "other operators"
+    "matrix products": ("aten::addmm", "aten::mm", "aten::bmm", "aten::linear", "aten::matmul"),
+    "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::scaled_dot_product_attention",
+                  "aten::_scaled_dot_product_attention_math", "aten::softmax", "aten::_softmax"),
+    "cache growth (cat)": ("aten::cat",),
+    "copies": ("aten::copy_", "aten::clone", "aten::contiguous", "aten::repeat", "aten::index"),
+}
+
+
+def group_of(name: str) -> str:
+    return next((group for group, names in GROUPS.items() if name in names), "other operators")
+
+
+def shares(self_us: dict[str, float], wall_us: float) -> dict[str, float]:
+    """Self time by group as shares of the wall time; what no operator accounts for is "outside operators"."""
+    grouped: dict[str, float] = {}
+    for name, us in self_us.items():
+        grouped[group_of(name)] = grouped.get(group_of(name), 0.0) + us
+    out = {group: us / wall_us for group, us in sorted(grouped.items(), key=lambda kv: -kv[1])}
+    out["outside operators"] = max(0.0, 1.0 - sum(grouped.values()) / wall_us)
+    return out
+
+
+def profile_rows(model, rows: int, context: int, steps: int) -> tuple[float, dict[str, float]]:
+    import torch
+
+    ids = torch.randint(1000, 20000, (rows, context))
+    with torch.inference_mode():
+        out = model(input_ids=ids, use_cache=True, logits_to_keep=1)  # not [rows, context, vocab] of logits
+        cache, mask = out.past_key_values, torch.ones(rows, context, dtype=torch.long)
+        next_ids = out.logits[:, -1].argmax(-1)
+
+        def step() -> None:
+            nonlocal mask, next_ids
+            positions = mask.sum(dim=1, keepdim=True)
+            mask = torch.cat([mask, mask.new_ones(rows, 1)], dim=1)
+            logits = model(input_ids=next_ids[:, None], attention_mask=mask, position_ids=positions,
+                           past_key_values=cache, use_cache=True).logits[:, -1]
+            next_ids = torch.log_softmax(logits.float(), dim=-1).argmax(-1)
+
+        for _ in range(3):
+            step()
+        laps = []
+        for _ in range(steps):
+            started = time.perf_counter()
+            step()
+            laps.append(time.perf_counter() - started)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            started = time.perf_counter()
+            for _ in range(steps):
+                step()
+            wall_us = (time.perf_counter() - started) * 1e6
+    self_us = {e.key: e.self_cpu_time_total for e in prof.key_averages()}
+    del prof, cache, out
+    gc.collect()
+    return statistics.median(laps), shares(self_us, wall_us)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[8, 32, 64])
+    parser.add_argument("--context", type=int, default=300, help="tokens in the cache when decoding starts")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model", type=Path, default=ROOT / ".cache" / "smollm2-135m")
+    args = parser.parse_args(argv)
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from apps.prepare_model import prepare_model
+    from deployments.engines.hf_attention import ATTENTION
+
+    torch.set_num_threads(args.threads)
+    path = prepare_model("smollm2-135m", args.model)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=ATTENTION).eval()
+    for rows in args.rows:
+        step_s, by_group = profile_rows(model, rows, args.context, args.steps)
+        print(f"decode_step_profile: {rows} rows, {args.context}+ tokens of context, {args.threads} threads: "
+              f"{1000 * step_s:.0f} ms/step; " + ", ".join(f"{g} {100 * s:.0f}%" for g, s in by_group.items()),
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
