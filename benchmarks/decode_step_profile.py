@@ -4,12 +4,14 @@
     python -m benchmarks.decode_step_profile [--rows 8 32 64] [--context 300] [--steps 20] [--threads 2]
 
 SmolLM2-135M-Instruct (as ``make demo`` prepares it), float32, the engine's attention (``tandem_gqa_sdpa``) and
-cache (transformers' ``DynamicCache``): ``--rows`` sequences of ``--context`` tokens are prefilled, then decoded one
-token per step as the engine's ``_decode`` does (a growing attention mask, positions, the cache passed back in).
+cache (``hf_batch.growing_cache``: keys and values appended in place; ``--plain-cache`` uses transformers'
+``DynamicCache``, which ``torch.cat``-copies every layer's cache each step, for comparison): ``--rows`` sequences of
+``--context`` tokens are prefilled, then decoded one token per step as the engine's ``_decode`` does (a growing
+attention mask, positions, the cache passed back in).
 Per batch size: the wall time of a step (after warm-up, median of ``--steps``), then one profiled pass of
 ``--steps`` steps (``torch.profiler``, CPU) grouped by what the operators do: matrix products (the weights),
-attention, growing the cache (``aten::cat``: every layer's keys and values are copied into a new tensor each step),
-sampling's logits work, the rest; and the share of the step spent outside any operator (Python, module calls).
+attention, ``aten::cat`` (the plain cache's growth), copies, the rest; and the share of the step spent outside any
+operator (Python, module calls).
 No verdict: it explains a figure, it has no goal of its own.
 """
 
@@ -27,7 +29,7 @@ GROUPS = {  # operator name -> group; names not listed fall in "other operators"
     "matrix products": ("aten::addmm", "aten::mm", "aten::bmm", "aten::linear", "aten::matmul"),
     "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::scaled_dot_product_attention",
                   "aten::_scaled_dot_product_attention_math", "aten::softmax", "aten::_softmax"),
-    "cache growth (cat)": ("aten::cat",),
+    "cat": ("aten::cat",),
     "copies": ("aten::copy_", "aten::clone", "aten::contiguous", "aten::repeat", "aten::index"),
 }
 
@@ -46,12 +48,16 @@ def shares(self_us: dict[str, float], wall_us: float) -> dict[str, float]:
     return out
 
 
-def profile_rows(model, rows: int, context: int, steps: int) -> tuple[float, dict[str, float]]:
+def profile_rows(model, rows: int, context: int, steps: int,
+                 plain_cache: bool = False) -> tuple[float, dict[str, float]]:
     import torch
+
+    from deployments.engines.hf_batch import growing_cache
 
     ids = torch.randint(1000, 20000, (rows, context))
     with torch.inference_mode():
-        out = model(input_ids=ids, use_cache=True, logits_to_keep=1)  # not [rows, context, vocab] of logits
+        out = model(input_ids=ids, use_cache=True, logits_to_keep=1,  # not [rows, context, vocab] of logits
+                    past_key_values=None if plain_cache else growing_cache(model.config))
         cache, mask = out.past_key_values, torch.ones(rows, context, dtype=torch.long)
         next_ids = out.logits[:, -1].argmax(-1)
 
@@ -87,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", type=int, default=300, help="tokens in the cache when decoding starts")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--plain-cache", action="store_true", help="transformers' DynamicCache, not the engine's")
     parser.add_argument("--model", type=Path, default=ROOT / ".cache" / "smollm2-135m")
     args = parser.parse_args(argv)
     import torch
@@ -99,8 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     path = prepare_model("smollm2-135m", args.model)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=ATTENTION).eval()
     for rows in args.rows:
-        step_s, by_group = profile_rows(model, rows, args.context, args.steps)
-        print(f"decode_step_profile: {rows} rows, {args.context}+ tokens of context, {args.threads} threads: "
+        step_s, by_group = profile_rows(model, rows, args.context, args.steps, args.plain_cache)
+        cache = "DynamicCache" if args.plain_cache else "the engine's cache"
+        print(f"decode_step_profile: {rows} rows, {args.context}+ tokens of context, {cache}, {args.threads} threads: "
               f"{1000 * step_s:.0f} ms/step; " + ", ".join(f"{g} {100 * s:.0f}%" for g, s in by_group.items()),
               flush=True)
     return 0
