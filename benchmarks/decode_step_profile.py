@@ -48,8 +48,14 @@ def shares(self_us: dict[str, float], wall_us: float) -> dict[str, float]:
     return out
 
 
+def top_others(self_us: dict[str, float], wall_us: float, count: int = 3) -> str:
+    """The largest operators of the "other operators" group, with their shares of the wall time."""
+    others = sorted(((us, name) for name, us in self_us.items() if group_of(name) == "other operators"), reverse=True)
+    return ", ".join(f"{name} {100 * us / wall_us:.0f}%" for us, name in others[:count])
+
+
 def profile_rows(model, rows: int, context: int, steps: int,
-                 plain_cache: bool = False) -> tuple[float, dict[str, float]]:
+                 plain_cache: bool = False) -> tuple[float, dict[str, float], str]:
     import torch
 
     from deployments.engines.hf_batch import growing_cache
@@ -84,7 +90,7 @@ def profile_rows(model, rows: int, context: int, steps: int,
     self_us = {e.key: e.self_cpu_time_total for e in prof.key_averages()}
     del prof, cache, out
     gc.collect()
-    return statistics.median(laps), shares(self_us, wall_us)
+    return statistics.median(laps), shares(self_us, wall_us), top_others(self_us, wall_us)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,11 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     path = prepare_model("smollm2-135m", args.model)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=ATTENTION).eval()
     for rows in args.rows:
-        step_s, by_group = profile_rows(model, rows, args.context, args.steps, args.plain_cache)
+        step_s, by_group, others = profile_rows(model, rows, args.context, args.steps, args.plain_cache)
         cache = "DynamicCache" if args.plain_cache else "the engine's cache"
         print(f"decode_step_profile: {rows} rows, {args.context}+ tokens of context, {cache}, {args.threads} threads: "
-              f"{1000 * step_s:.0f} ms/step; " + ", ".join(f"{g} {100 * s:.0f}%" for g, s in by_group.items()),
-              flush=True)
+              f"{1000 * step_s:.0f} ms/step; " + ", ".join(f"{g} {100 * s:.0f}%" for g, s in by_group.items())
+              + f" (largest other operators: {others})", flush=True)
     return 0
 
 

@@ -55,3 +55,7 @@ def test_a_decode_steps_operators_are_grouped_and_the_rest_is_time_outside_them(
     assert out == pytest.approx({"matrix products": 0.6, "cat": 0.1, "other operators": 0.1,
                                  "outside operators": 0.2})
     assert list(out)[0] == "matrix products"  # largest first
+    from benchmarks.decode_step_profile import top_others
+
+    others = top_others({"aten::addmm": 500.0, "aten::mul": 50.0, "aten::add": 100.0}, 1000.0)
+    assert others == "aten::add 10%, aten::mul 5%"  # the matrix product is not an "other" operator
