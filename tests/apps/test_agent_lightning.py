@@ -185,7 +185,9 @@ def test_agent_lightnings_own_gsm8k_agent_trains_two_grpo_steps_unchanged(tmp_pa
         learnable = any(len(set(g)) > 1 for g in groups.values())
         moved = any(not (adapters[step][k] == adapters[step - 1][k]).all() for k in adapters[step] if "lora_B" in k)
         print(f"step {step}: groups {sorted(groups.values())}, lora_B moved: {moved}")
-        assert moved == learnable, (step, groups, moved)
+        # step 1: LoRA's B is zero at v0, so it moves iff a group's rewards differ; after a step that moved it,
+        # AdamW's first moment (and weight decay) move it again even when every advantage is zero
+        assert moved == learnable if step == 1 else moved or not learnable, (step, groups, moved)
         learned.append(moved)
     assert any(learned), "every group's rewards were equal in both steps: the adapter never changed"
 
