@@ -3,11 +3,10 @@
 
     python -m benchmarks.decode_step_profile [--rows 8 32 64] [--context 300] [--steps 20] [--threads 2]
 
-SmolLM2-135M-Instruct (as ``make demo`` prepares it), float32, the engine's attention (``tandem_gqa_sdpa``) and
+SmolLM2-135M-Instruct (as ``make demo`` prepares it) in an ``HFEngine`` (float32, its attention and sampling) and its
 cache (``hf_batch.growing_cache``: keys and values appended in place; ``--plain-cache`` uses transformers'
 ``DynamicCache``, which ``torch.cat``-copies every layer's cache each step, for comparison): ``--rows`` sequences of
-``--context`` tokens are prefilled, then decoded one token per step as the engine's ``_decode`` does (a growing
-attention mask, positions, the cache passed back in).
+``--context`` tokens are prefilled, then decoded by the engine's own ``_decode`` (its forward and per-row sampling).
 Per batch size: the wall time of a step (after warm-up, median of ``--steps``), then one profiled pass of
 ``--steps`` steps (``torch.profiler``, CPU) grouped by what the operators do: matrix products (the weights),
 attention, ``aten::cat`` (the plain cache's growth), copies, the rest; and the share of the step spent outside any
@@ -54,41 +53,39 @@ def top_others(self_us: dict[str, float], wall_us: float, count: int = 3) -> str
     return ", ".join(f"{name} {100 * us / wall_us:.0f}%" for us, name in others[:count])
 
 
-def profile_rows(model, rows: int, context: int, steps: int,
+def profile_rows(engine, rows: int, context: int, steps: int,
                  plain_cache: bool = False) -> tuple[float, dict[str, float], str]:
+    """``rows`` prompts of ``context`` tokens prefilled in one forward, then the engine's own decode step
+    (``HFEngine._decode``: forward and per-row sampling) timed, then profiled."""
     import torch
 
-    from deployments.engines.hf_batch import growing_cache
+    from agents.records import SamplingParams
+    from deployments.engines.hf_batch import RequestState, RunningBatch, growing_cache
 
     ids = torch.randint(1000, 20000, (rows, context))
+    budget = 3 + 2 * steps + 1
+    requests = [RequestState(f"row-{i}", ids[i].tolist(), SamplingParams(max_new_tokens=budget, seed=i), frozenset(),
+                             torch.Generator().manual_seed(i), None) for i in range(rows)]  # no stop token: all decode
     with torch.inference_mode():
-        out = model(input_ids=ids, use_cache=True, logits_to_keep=1,  # not [rows, context, vocab] of logits
-                    past_key_values=None if plain_cache else growing_cache(model.config))
-        cache, mask = out.past_key_values, torch.ones(rows, context, dtype=torch.long)
-        next_ids = out.logits[:, -1].argmax(-1)
-
-        def step() -> None:
-            nonlocal mask, next_ids
-            positions = mask.sum(dim=1, keepdim=True)
-            mask = torch.cat([mask, mask.new_ones(rows, 1)], dim=1)
-            logits = model(input_ids=next_ids[:, None], attention_mask=mask, position_ids=positions,
-                           past_key_values=cache, use_cache=True).logits[:, -1]
-            next_ids = torch.log_softmax(logits.float(), dim=-1).argmax(-1)
-
+        out = engine._model(input_ids=ids, use_cache=True, logits_to_keep=1,  # not [rows, context, vocab] of logits
+                            past_key_values=None if plain_cache else growing_cache(engine._model.config))
+        batch = RunningBatch(requests, out.past_key_values, torch.ones(rows, context, dtype=torch.long),
+                             out.logits[:, -1].argmax(-1))
+        del out
         for _ in range(3):
-            step()
+            engine._decode(batch)
         laps = []
         for _ in range(steps):
             started = time.perf_counter()
-            step()
+            engine._decode(batch)
             laps.append(time.perf_counter() - started)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             started = time.perf_counter()
             for _ in range(steps):
-                step()
+                engine._decode(batch)
             wall_us = (time.perf_counter() - started) * 1e6
     self_us = {e.key: e.self_cpu_time_total for e in prof.key_averages()}
-    del prof, cache, out
+    del prof, batch
     gc.collect()
     return statistics.median(laps), shares(self_us, wall_us), top_others(self_us, wall_us)
 
@@ -102,17 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plain-cache", action="store_true", help="transformers' DynamicCache, not the engine's")
     parser.add_argument("--model", type=Path, default=ROOT / ".cache" / "smollm2-135m")
     args = parser.parse_args(argv)
-    import torch
-    from transformers import AutoModelForCausalLM
-
     from apps.prepare_model import prepare_model
-    from deployments.engines.hf_attention import ATTENTION
+    from deployments.engines.hf_engine import HFEngine
 
-    torch.set_num_threads(args.threads)
     path = prepare_model("smollm2-135m", args.model)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=ATTENTION).eval()
+    engine = HFEngine(str(path), max_model_len=args.context + 2 * args.steps + 8, num_threads=args.threads)
     for rows in args.rows:
-        step_s, by_group, others = profile_rows(model, rows, args.context, args.steps, args.plain_cache)
+        step_s, by_group, others = profile_rows(engine, rows, args.context, args.steps, args.plain_cache)
         cache = "DynamicCache" if args.plain_cache else "the engine's cache"
         print(f"decode_step_profile: {rows} rows, {args.context}+ tokens of context, {cache}, {args.threads} threads: "
               f"{1000 * step_s:.0f} ms/step; " + ", ".join(f"{g} {100 * s:.0f}%" for g, s in by_group.items())

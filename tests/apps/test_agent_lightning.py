@@ -103,12 +103,9 @@ def test_agent_lightnings_own_gsm8k_agent_trains_two_grpo_steps_unchanged(tmp_pa
     proc, run_dir = _train(
         tmp_path, smollm2_dir, rows,
         "trainer.total_training_steps=2", "trainer.save_freq=-1", "stream.max_staleness=0",
-        # The vendored agent asks for max_tokens=1024; the ingress gives it what the context window leaves (prompts are
-        # ~73 tokens, so ~150 new tokens with a 128-token prompt budget), as a vLLM server sized to verl's
-        # max_prompt_length + max_response_length would. At demo_cpu's 256 it sampled ~280 tokens per rollout, and
-        # beside the rest of `make test` rollouts outlived their timeout.
-        # (the agent sends no tools: none are configured, so the rows' own prompts are checked against that budget
-        # without the demo's calculator schema)
+        # The vendored agent asks for max_tokens=1024; the ingress gives it what the context leaves (~150 tokens after
+        # its ~73-token prompt with a 128-token prompt budget), as a vLLM server sized to verl's lengths would. The
+        # agent sends no tools, so none are configured (the rows' prompts are checked without the calculator schema).
         "actor_rollout_ref.rollout.n=4", "data.max_response_length=96", "data.max_prompt_length=128",
         "actor_rollout_ref.rollout.multi_turn.tool_config_path=null",
         "actor_rollout_ref.rollout.agent.default_agent_loop=agent_lightning",
