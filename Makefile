@@ -77,7 +77,8 @@ bench: $(STAMP) trl-venv
 	$(BIN)/pip install -q -r requirements/load.txt $(QUIET_PIP)
 	$(BIN)/python -m benchmarks.run_all
 
-# TRL's GRPOTrainer beside tandem-rl on the demo task (benchmarks.peer_trl; TRL in its own .venv-trl; ~1.5 h)
+# TRL's GRPOTrainer beside tandem-rl on the demo task (benchmarks.peer_trl; TRL in its own .venv-trl; ~30 min a seed,
+# 3 seeds by default; each seed's figures are kept: ARGS='--seeds 3 --report 1 2' runs seed 3, reports over 1-3)
 trl-venv:
 	bash scripts/trl_venv.sh .venv-trl
 

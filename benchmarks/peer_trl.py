@@ -1,6 +1,7 @@
 """Side by side with TRL's GRPOTrainer: the same SFT model, task, reward and box; time to the same held-out accuracy.
 
     python -m benchmarks.peer_trl [--seeds 1 2 3] [--steps 4] [--threads 2]        (make bench-peers)
+    python -m benchmarks.peer_trl --seeds 3 --report 1 2       (run seed 3, report over seeds 1-3)
 
 Both frameworks start from the demo's SFT cold start (``.cache/sft-model``, made as ``make demo`` makes it; its
 sha256 is checked before every run) and train LoRA r=8/α=16 on all linear layers with GRPO on the demo task:
@@ -122,11 +123,16 @@ def run_trl(seed: int, steps: int, threads: int) -> dict:
                     "--seed", str(seed), "--threads", str(threads), "--save-steps", "1", "--no-eval-before",
                     "--out", str(out), "--cache", str(ROOT / ".cache" / "peer-trl")],
                    cwd=ROOT, check=True, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
-    wall = time.perf_counter() - started
+    return trl_result(seed, time.perf_counter() - started)
+
+
+def trl_result(seed: int, wall_s: float) -> dict:
+    """A finished TRL run's figures, from the harness's summary.json; ``wall_s``: process start to exit."""
+    out = OUT / f"trl-s{seed}"
     summary = json.loads((out / "summary.json").read_text())
-    return {"wall_s": wall, "step_s": summary["step_s"], "train_s": summary["train_wall_s"],
+    return {"wall_s": wall_s, "step_s": summary["step_s"], "train_s": summary["train_wall_s"],
             "tokens": summary["trained_tokens"], "adapters": {k + 1: str(out / "adapters" / f"v{k + 1}")
-                                                               for k in range(steps)}}
+                                                               for k in range(len(summary["step_s"]))}}
 
 
 def run_tandem(seed: int, steps: int, name: str, rows: tuple[Path, Path], *extra: str) -> dict:
@@ -139,13 +145,17 @@ def run_tandem(seed: int, steps: int, name: str, rows: tuple[Path, Path], *extra
                     "trainer.test_freq=-1", "trainer.validation_data_dir=null", "trainer.resume_mode=disable",
                     "trainer.save_freq=-1", *extra],
                    cwd=ROOT, check=True, stdout=log, stderr=subprocess.STDOUT)
-    wall = time.perf_counter() - started
+    return tandem_result(run, time.perf_counter() - started)
+
+
+def tandem_result(run: str, wall_s: float) -> dict:
+    """A finished tandem-rl run's figures, from its metrics.jsonl; ``wall_s``: process start to exit."""
     run_dir = ROOT / "runs" / run
     rows_ = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps_ = [r for r in rows_ if "policy_version" in r and r["step"] >= 1]
     step_s = [r["timing/step_s"] for r in steps_]
     tokens = sum(r.get("tokens_per_s", 0.0) * r.get("step_time_s", 0.0) for r in steps_)
-    return {"wall_s": wall, "step_s": step_s, "train_s": sum(step_s), "tokens": tokens,
+    return {"wall_s": wall_s, "step_s": step_s, "train_s": sum(step_s), "tokens": tokens,
             "adapters": {int(r["policy_version"]): str(run_dir / "adapters" / f"v{int(r['policy_version'])}")
                          for r in steps_}}
 
@@ -170,53 +180,77 @@ def time_to_target(run: dict, scores: dict[str, dict[str, float]]) -> tuple[int 
     return None, float("inf"), float("inf")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args(argv)
-    if not TRL_PY.is_file():
-        raise SystemExit(f"{TRL_PY} missing: make trl-venv (or make bench-peers) first")
-    OUT.mkdir(parents=True, exist_ok=True)
-    digest = prepare()
-    print(f"start model {SFT} sha256 {digest[:16]}", flush=True)
+def score(run: dict, scores: dict[str, dict[str, float]]) -> None:
+    """Adds the evaluator's scores to a run: time to target and the last step's held-out easy/hard."""
+    run["scores"] = scores
+    run["to_target"] = time_to_target(run, scores)
+    final = scores[run["adapters"][max(run["adapters"])]]
+    run["final"] = (final[f"val-core/{EASY}/acc/mean@1"], final[f"val-core/{HARD}/acc/mean@1"])
+
+
+def run_seed(seed: int, steps: int, threads: int, digest: str) -> dict[str, dict]:
+    """One seed: the three runs one at a time (the order rotates with the seed), then every adapter scored."""
+    rows = write_rows(seed)
+    order = ["trl", "tandem", "tandem-sync"]
+    order = order[(seed - 1) % 3:] + order[:(seed - 1) % 3]  # the order rotates: no framework always runs first
+    runs: dict[str, dict] = {}
+    for name in order:
+        if sha256(SFT) != digest:
+            raise RuntimeError(f"{SFT} changed during the benchmark")
+        with PeakMemory() as memory:
+            if name == "trl":
+                run = run_trl(seed, steps, threads)
+            else:
+                run = run_tandem(seed, steps, name, rows, *(["stream.max_staleness=0"] if name == "tandem-sync" else []))
+        run.update(seed=seed, peak_gib=memory.gib, order=order.index(name))
+        runs[name] = run
+        print(f"seed {seed} {name}: wall {run['wall_s']:.0f}s, steps " + ", ".join(f"{s:.0f}" for s in run["step_s"])
+              + f" s, {run['tokens'] / run['train_s']:.1f} trained tokens/s", flush=True)
+    scores = evaluate(seed, [a for run in runs.values() for a in run["adapters"].values()])
+    for run in runs.values():
+        score(run, scores)
+    save_seed(seed, digest, runs)
+    return runs
+
+
+def save_seed(seed: int, digest: str, runs: dict[str, dict]) -> None:
+    """A seed's figures, kept so that later invocations (more seeds) report over every seed run so far."""
+    for name, run in runs.items():
+        print(f"seed {seed} {name}: held-out easy/hard after each step: " + ", ".join(
+            f"{run['scores'][run['adapters'][k]][f'val-core/{EASY}/acc/mean@1']:.2f}/"
+            f"{run['scores'][run['adapters'][k]][f'val-core/{HARD}/acc/mean@1']:.2f}" for k in sorted(run["adapters"]))
+            + f"; ≥ {TARGET} at step {run['to_target'][0]}", flush=True)
+    (OUT / f"seed-{seed}.json").write_text(json.dumps({"sft_sha256": digest, "runs": runs}, indent=1))
+
+
+def load_seeds(seeds: list[int], digest: str) -> dict[str, list[dict]]:
     runs: dict[str, list[dict]] = {"trl": [], "tandem": [], "tandem-sync": []}
-    for index, seed in enumerate(args.seeds):
-        rows = write_rows(seed)
-        order = ["trl", "tandem", "tandem-sync"]
-        order = order[index % 3:] + order[:index % 3]  # the order rotates: no framework always runs first
-        for name in order:
-            if sha256(SFT) != digest:
-                raise RuntimeError(f"{SFT} changed during the benchmark")
-            with PeakMemory() as memory:
-                if name == "trl":
-                    run = run_trl(seed, args.steps, args.threads)
-                else:
-                    run = run_tandem(seed, args.steps, name, rows, *(["stream.max_staleness=0"]
-                                                                       if name == "tandem-sync" else []))
-            run.update(seed=seed, peak_gib=memory.gib)
+    for seed in seeds:
+        path = OUT / f"seed-{seed}.json"
+        saved = json.loads(path.read_text())
+        if saved["sft_sha256"] != digest:
+            raise SystemExit(f"{path} was measured from another SFT model ({saved['sft_sha256'][:16]}, now "
+                             f"{digest[:16]}): run that seed again")
+        for name, run in saved["runs"].items():
+            run["adapters"] = {int(k): v for k, v in run["adapters"].items()}
             runs[name].append(run)
-            print(f"seed {seed} {name}: wall {run['wall_s']:.0f}s, steps " + ", ".join(f"{s:.0f}" for s in run["step_s"])
-                  + f" s, {run['tokens'] / run['train_s']:.1f} trained tokens/s", flush=True)
-        scores = evaluate(seed, [a for name in runs for run in runs[name] if run["seed"] == seed
-                                 for a in run["adapters"].values()])
-        for name in runs:
-            run = runs[name][-1]
-            run["scores"] = scores
-            run["to_target"] = time_to_target(run, scores)
-            final = scores[run["adapters"][max(run["adapters"])]]
-            run["final"] = (final[f"val-core/{EASY}/acc/mean@1"], final[f"val-core/{HARD}/acc/mean@1"])
-            print(f"seed {seed} {name}: held-out easy/hard after each step: " + ", ".join(
-                f"{scores[run['adapters'][k]][f'val-core/{EASY}/acc/mean@1']:.2f}/"
-                f"{scores[run['adapters'][k]][f'val-core/{HARD}/acc/mean@1']:.2f}" for k in sorted(run["adapters"]))
-                + f"; ≥ {TARGET} at step {run['to_target'][0]}", flush=True)
-    base = scores["base"]
-    print(f"SFT start (last seed's rows): easy/hard {base[f'val-core/{EASY}/acc/mean@1']:.2f}/"
+    return runs
+
+
+def report(runs: dict[str, list[dict]], steps: int) -> bool:
+    """The table over the seeds in ``runs`` (medians), each ratio computed here; True when the goal is met."""
+    seeds = sorted(run["seed"] for run in runs["trl"])
+    base = runs["trl"][-1]["scores"]["base"]
+    print(f"SFT start (seed {seeds[-1]}'s rows): easy/hard {base[f'val-core/{EASY}/acc/mean@1']:.2f}/"
           f"{base[f'val-core/{HARD}/acc/mean@1']:.2f}")
 
     def med(name: str, value) -> float:
         return statistics.median(value(run) for run in runs[name])
+
+    def peak(of: list[dict]) -> str:
+        measured = [r["peak_gib"] for r in of if r["peak_gib"] is not None]
+        return (f"{statistics.median(measured):.2f} GiB (median of {len(measured)} of {len(of)} seeds)" if measured
+                else "not measured")
 
     ratios = {}
     for name in ("tandem", "tandem-sync"):
@@ -226,18 +260,45 @@ def main(argv: list[str] | None = None) -> int:
             "trained tokens/s": med(name, lambda r: r["tokens"] / r["train_s"]) / med("trl", lambda r: r["tokens"] / r["train_s"]),
             "time per step": med("trl", lambda r: r["train_s"] / len(r["step_s"])) / med(name, lambda r: r["train_s"] / len(r["step_s"])),
         }
-        print(f"TRL ÷ {name} (median of {len(args.seeds)} seeds): " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios[name].items()))
+        print(f"TRL ÷ {name} (median of seeds {seeds}): " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios[name].items()))
     for name in runs:
-        print(f"  {name}: final held-out easy/hard (median) {med(name, lambda r: r['final'][0]):.2f}/"
-              f"{med(name, lambda r: r['final'][1]):.2f} after {args.steps} steps; peak memory "
-              f"{med(name, lambda r: r['peak_gib']):.2f} GiB")
+        print(f"  {name}: to held-out ≥ {TARGET}: step " + "/".join(str(r["to_target"][0]) for r in runs[name])
+              + ", " + "/".join(f"{r['to_target'][1]:.0f}" for r in runs[name]) + " s training, "
+              + "/".join(f"{r['to_target'][2]:.0f}" for r in runs[name]) + " s with start-up; start-up "
+              + "/".join(f"{r['wall_s'] - r['train_s']:.0f}" for r in runs[name]) + " s; final easy/hard (median) "
+              f"{med(name, lambda r: r['final'][0]):.2f}/{med(name, lambda r: r['final'][1]):.2f} after {steps} steps; "
+              f"peak memory {peak(runs[name])}")
     for line in DIFFERENCES:
         print(f"  difference: {line}")
     headline = ratios["tandem"]
     ok = headline["time to target (with start-up)"] >= 2.0 and headline["trained tokens/s"] >= 2.0
     print(f"peer_trl: time to held-out ≥ {TARGET} {headline['time to target (with start-up)']:.2f}x (with start-up), "
-          f"trained tokens/s {headline['trained tokens/s']:.2f}x; {'PASS' if ok else 'FAIL'} ({GOAL})")
-    return 0 if ok else 1
+          f"trained tokens/s {headline['trained tokens/s']:.2f}x, median of {len(seeds)} seeds; "
+          f"{'PASS' if ok else 'FAIL'} ({GOAL})")
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds to run now (default 1 2 3)")
+    parser.add_argument("--report", type=int, nargs="*", default=None, metavar="SEED",
+                        help="seeds whose saved figures (runs/peer-trl/seed-N.json) join the table; default: those "
+                             "run now. With --report and no --seeds, nothing runs")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    if not TRL_PY.is_file():
+        raise SystemExit(f"{TRL_PY} missing: make trl-venv (or make bench-peers) first")
+    OUT.mkdir(parents=True, exist_ok=True)
+    digest = prepare()
+    print(f"start model {SFT} sha256 {digest[:16]}", flush=True)
+    to_run = args.seeds if args.seeds is not None else ([] if args.report is not None else [1, 2, 3])
+    for seed in to_run:
+        run_seed(seed, args.steps, args.threads, digest)
+    reported = sorted(set(to_run) | set(args.report or []))
+    if not reported:
+        raise SystemExit("nothing to report: give --seeds to run, or --report N ... for saved seeds")
+    return 0 if report(load_seeds(reported, digest), args.steps) else 1
 
 
 if __name__ == "__main__":
