@@ -188,7 +188,7 @@ def score(run: dict, scores: dict[str, dict[str, float]]) -> None:
     run["final"] = (final[f"val-core/{EASY}/acc/mean@1"], final[f"val-core/{HARD}/acc/mean@1"])
 
 
-def run_seed(seed: int, steps: int, threads: int, digest: str) -> dict[str, dict]:
+def run_seed(seed: int, steps: int, threads: int, digest: str) -> None:
     """One seed: the three runs one at a time (the order rotates with the seed), then every adapter scored."""
     rows = write_rows(seed)
     order = ["trl", "tandem", "tandem-sync"]
@@ -202,7 +202,7 @@ def run_seed(seed: int, steps: int, threads: int, digest: str) -> dict[str, dict
                 run = run_trl(seed, steps, threads)
             else:
                 run = run_tandem(seed, steps, name, rows, *(["stream.max_staleness=0"] if name == "tandem-sync" else []))
-        run.update(seed=seed, peak_gib=memory.gib, order=order.index(name))
+        run.update(seed=seed, peak_gib=memory.gib)
         runs[name] = run
         print(f"seed {seed} {name}: wall {run['wall_s']:.0f}s, steps " + ", ".join(f"{s:.0f}" for s in run["step_s"])
               + f" s, {run['tokens'] / run['train_s']:.1f} trained tokens/s", flush=True)
@@ -210,11 +210,10 @@ def run_seed(seed: int, steps: int, threads: int, digest: str) -> dict[str, dict
     for run in runs.values():
         score(run, scores)
     save_seed(seed, digest, runs)
-    return runs
 
 
 def save_seed(seed: int, digest: str, runs: dict[str, dict]) -> None:
-    """A seed's figures, kept so that later invocations (more seeds) report over every seed run so far."""
+    """A seed's figures (printed, and kept so that later invocations report over every seed run so far)."""
     for name, run in runs.items():
         print(f"seed {seed} {name}: held-out easy/hard after each step: " + ", ".join(
             f"{run['scores'][run['adapters'][k]][f'val-core/{EASY}/acc/mean@1']:.2f}/"
@@ -237,7 +236,7 @@ def load_seeds(seeds: list[int], digest: str) -> dict[str, list[dict]]:
     return runs
 
 
-def report(runs: dict[str, list[dict]], steps: int) -> bool:
+def report(runs: dict[str, list[dict]]) -> bool:
     """The table over the seeds in ``runs`` (medians), each ratio computed here; True when the goal is met."""
     seeds = sorted(run["seed"] for run in runs["trl"])
     base = runs["trl"][-1]["scores"]["base"]
@@ -266,7 +265,7 @@ def report(runs: dict[str, list[dict]], steps: int) -> bool:
               + ", " + "/".join(f"{r['to_target'][1]:.0f}" for r in runs[name]) + " s training, "
               + "/".join(f"{r['to_target'][2]:.0f}" for r in runs[name]) + " s with start-up; start-up "
               + "/".join(f"{r['wall_s'] - r['train_s']:.0f}" for r in runs[name]) + " s; final easy/hard (median) "
-              f"{med(name, lambda r: r['final'][0]):.2f}/{med(name, lambda r: r['final'][1]):.2f} after {steps} steps; "
+              f"{med(name, lambda r: r['final'][0]):.2f}/{med(name, lambda r: r['final'][1]):.2f} after {len(runs[name][0]['step_s'])} steps; "
               f"peak memory {peak(runs[name])}")
     for line in DIFFERENCES:
         print(f"  difference: {line}")
@@ -298,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     reported = sorted(set(to_run) | set(args.report or []))
     if not reported:
         raise SystemExit("nothing to report: give --seeds to run, or --report N ... for saved seeds")
-    return 0 if report(load_seeds(reported, digest), args.steps) else 1
+    return 0 if report(load_seeds(reported, digest)) else 1
 
 
 if __name__ == "__main__":

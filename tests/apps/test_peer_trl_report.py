@@ -19,7 +19,7 @@ def _run(name: str, seed: int, step_s: list[float], startup: float, tokens: floa
     scores = {"base": {EASY: 0.5, HARD: 0.0}}
     scores |= {path: ({EASY: 1.0, HARD: 1.0} if k >= hit else {EASY: 1.0, HARD: 0.5}) for k, path in adapters.items()}
     run = {"wall_s": sum(step_s) + startup, "step_s": step_s, "train_s": sum(step_s), "tokens": tokens,
-           "adapters": adapters, "seed": seed, "peak_gib": None, "order": 0}
+           "adapters": adapters, "seed": seed, "peak_gib": None}
     peer_trl.score(run, scores)
     return run
 
@@ -28,7 +28,7 @@ def test_ratios_and_verdict_come_from_the_figures(capsys):
     runs = {"trl": [_run("trl", s, [100.0] * 4, 100.0, 4000.0, 2) for s in (1, 2, 3)],
             "tandem": [_run("tandem", s, [40.0, 20.0, 20.0, 20.0], 80.0, 4000.0, hit) for s, hit in ((1, 2), (2, 3), (3, 2))],
             "tandem-sync": [_run("sync", s, [50.0] * 4, 80.0, 4000.0, 3) for s in (1, 2, 3)]}
-    assert peer_trl.report(runs, 4) is True  # time to target with start-up: (200 + 100) / (60 + 80) = 2.14x; tokens/s 4x
+    assert peer_trl.report(runs) is True  # time to target with start-up: (200 + 100) / (60 + 80) = 2.14x; tokens/s 4x
     out = capsys.readouterr().out
     assert "TRL ÷ tandem (median of seeds [1, 2, 3]): time to target (training) 3.33x, time to target (with start-up) " \
            "2.14x, trained tokens/s 4.00x, time per step 4.00x" in out
@@ -41,7 +41,7 @@ def test_a_run_that_never_reaches_the_target_makes_the_verdict_fail(capsys):
     runs = {"trl": [_run("trl", 1, [100.0] * 2, 100.0, 2000.0, 2)],
             "tandem": [_run("tandem", 1, [40.0] * 2, 80.0, 4000.0, 9)],  # never
             "tandem-sync": [_run("sync", 1, [50.0] * 2, 80.0, 4000.0, 2)]}
-    assert peer_trl.report(runs, 2) is False
+    assert peer_trl.report(runs) is False
     assert "FAIL" in capsys.readouterr().out.splitlines()[-1]
 
 
