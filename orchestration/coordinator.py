@@ -6,7 +6,7 @@ A Ray async actor. It walks the training rows epoch by epoch (shuffled with the 
 puts the finished group into the buffer itself; when its call returns the ticket is finished, and a worker
 error is counted as failed (the slot goes back), so every admitted group is accounted for. It sleeps until
 something changes: the publisher pushes each new version (``on_publish``), a group ends, the buffer reports
-dropped groups (``dropped``), or ``stop``. With ``abort_stale`` (the older behaviour, for comparison) a publish
+dropped groups (``dropped``) or a step the restarted learner trains again (``learner_repeats``), or ``stop``. With ``abort_stale`` (the older behaviour, for comparison) a publish
 cancels the groups that started too long ago; by default every admitted group finishes and is trained.
 """
 
@@ -105,6 +105,11 @@ class Coordinator:
                 _cancel(call)
         self._wake.set()
         return len(doomed)
+
+    async def learner_repeats(self, steps: int) -> None:
+        """The learner (restarted from a checkpoint) asks for a step's batch again: one more batch to admit."""
+        self.admission.learner_repeats(steps)
+        self._wake.set()
 
     async def dropped(self, count: int) -> None:
         """The buffer discarded ``count`` finished groups as too stale: their slots go back."""

@@ -230,7 +230,8 @@ class TrainingRun:
         cfg, stream, resume = self.cfg, self.cfg.stream, self.resume
         admission = AdmissionController(self.batch, stream.max_staleness, streaming=stream.enabled,
                                         abort_stale=stream.abort_stale,
-                                        resume_version=resume["policy_version"] if resume else 0)
+                                        resume_version=resume["policy_version"] if resume else 0,
+                                        total_groups=(self.total_steps - (resume["step"] if resume else 0)) * self.batch)
         self.coordinator = CoordinatorActor.remote(
             self.rows, self.workers, self.buffer, admission, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle,
             run_id=self.run_id, max_consecutive_failures=stream.max_failed_groups,

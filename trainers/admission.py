@@ -10,6 +10,11 @@ tokens keep the version and log-prob they were sampled with; the learner correct
 episodes are trained as often as they are generated. ``abort_stale`` keeps the older behaviour for
 comparison: a publish aborts the in-flight groups that started more than ``max_staleness`` versions ago.
 
+The run's end bounds admission too (``total_groups``): no more groups are started than the learner will train,
+so the last steps' generation does not compete with training for groups nobody trains (nor delay the run's
+shutdown). A learner that Ray Train restarted from a checkpoint asks for the steps after it again; the buffer
+tells of each repeated step (``learner_repeats``), which raises the total by one batch.
+
 Batch-synchronous mode (``streaming=False``): the groups of step ``v + 1`` are admitted only once version
 ``v`` is published, ``(v + 1) × batch_groups`` in all.
 
@@ -36,9 +41,11 @@ class AdmissionController:
     """The admission rule (module docstring): the coordinator asks it for tickets and tells it how each group ends."""
 
     def __init__(self, batch_groups: int, max_staleness: int, *, streaming: bool = True, abort_stale: bool = False,
-                 resume_version: int = 0):
+                 resume_version: int = 0, total_groups: int | None = None):
         if batch_groups < 1 or max_staleness < 0:
             raise ValueError(f"batch_groups={batch_groups} must be >= 1 and max_staleness={max_staleness} >= 0")
+        if total_groups is not None and total_groups < 0:
+            raise ValueError(f"total_groups={total_groups} must be >= 0 (None: no end)")
         self.batch_groups = batch_groups
         self.max_staleness = max_staleness if streaming else 0
         self.streaming = streaming
@@ -54,6 +61,8 @@ class AdmissionController:
         self.failed_count = 0
         self.aborted_count = 0  # in flight when a publish made them too stale (abort_stale only)
         self.dropped_count = 0  # finished, then discarded by the queue (abort_stale only)
+        # groups the learner will train from this launch on (None: no end); repeated steps raise it
+        self.total_groups = total_groups
 
     @property
     def limit(self) -> int:
@@ -61,7 +70,8 @@ class AdmissionController:
         if not self.ready:
             return 0
         ahead = self.max_staleness + 1 if self.streaming else 1
-        return (self.version - self.base_version + ahead) * self.batch_groups
+        bound = (self.version - self.base_version + ahead) * self.batch_groups
+        return bound if self.total_groups is None else min(bound, self.total_groups)
 
     @property
     def in_flight(self) -> int:
@@ -95,6 +105,13 @@ class AdmissionController:
             del self._in_flight[ticket.id]
         self.aborted_count += len(doomed)
         return doomed
+
+    def learner_repeats(self, steps: int = 1) -> None:
+        """A restarted learner trains ``steps`` steps again: each needs one more batch than the run's total."""
+        if steps < 1:
+            raise ValueError(f"learner_repeats({steps}): a repeat is at least one step")
+        if self.total_groups is not None:
+            self.total_groups += steps * self.batch_groups
 
     def _take(self, ticket_id: int, what: str) -> Ticket | None:
         ticket = self._in_flight.pop(ticket_id, None)

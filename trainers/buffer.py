@@ -145,9 +145,12 @@ class TrajectoryBuffer:
         self._arrived_ids: set[str] = set()
         self._discarded: set[str] = set()
         self._on_drop: Any = None
+        self._last_step = 0  # the highest step a batch was handed out for
 
     def set_drop_listener(self, listener: Callable[[int], Any] | Any) -> None:
-        """Who hears of dropped groups (``drop_stale``): a callable, or an actor handle with ``dropped``."""
+        """Who hears of dropped groups (``drop_stale``): a callable, or an object or actor handle with ``dropped``.
+        One with ``learner_repeats`` also hears of each step the learner asks for again (restarted from a
+        checkpoint): that batch is one more than the run's total, and admission must start it."""
         self._on_drop = listener
 
     # ---- producer side -------------------------------------------------------------------
@@ -195,6 +198,9 @@ class TrajectoryBuffer:
         if step < 1:
             raise ValueError(f"next_batch: steps count from 1, got {step}")
         learner_version = step - 1 if policy_version is None else policy_version
+        if step <= self._last_step and hasattr(self._on_drop, "learner_repeats"):
+            _tell(self._on_drop.learner_repeats, 1)
+        self._last_step = max(self._last_step, step)
         start = time.perf_counter()
         async with self._changed:
             while True:
@@ -256,7 +262,13 @@ class TrajectoryBuffer:
             self._stats.dropped_stale += dropped
             self._changed.notify_all()  # room for producers
             if self._on_drop is not None:
-                if hasattr(self._on_drop, "dropped"):  # an actor handle
-                    self._on_drop.dropped.remote(dropped)
-                else:
-                    self._on_drop(dropped)
+                _tell(getattr(self._on_drop, "dropped", self._on_drop), dropped)
+
+
+def _tell(method: Any, *args: Any) -> None:
+    """Call a listener's method: an actor method without waiting for it (``.remote``), a plain one directly."""
+    remote = getattr(method, "remote", None)
+    if remote is not None:
+        remote(*args)
+    else:
+        method(*args)

@@ -118,7 +118,8 @@ def test_agent_lightnings_own_gsm8k_agent_trains_two_grpo_steps_unchanged(tmp_pa
         "agent_lightning.env_map={QUESTION: input.question, ANSWER: input.answer}",
         "agent_lightning.input_fields={question: messages.-1.content}",  # extra_info.question and .answer are in already
         "agent_lightning.keep_rollouts=true", "agent_lightning.timeout_s=300",
-        env={"AGL_TEST_KEY": KEY},
+        # ~5.5 min alone here; beside the other xdist worker on CI one run passed 600 s
+        env={"AGL_TEST_KEY": KEY}, timeout=1200,
     )
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [s for s in steps if int(s["step"]) > 0]
@@ -134,11 +135,9 @@ def test_agent_lightnings_own_gsm8k_agent_trains_two_grpo_steps_unchanged(tmp_pa
     trained_steps = [r for r in rollouts if step_of[r["rollout_id"]] <= 2]
     assert trained_steps and all(r["status"]["state"] == "succeeded" for r in trained_steps), [
         (step_of[r["rollout_id"]], r["status"]["state"], r["status"]["error_message"]) for r in rollouts]
-    # groups admitted beyond the last step: still running when the run ended, or marked abandoned; never more
-    later = [r for r in rollouts if step_of[r["rollout_id"]] > 2]
-    print("rollouts:", len(rollouts), "after the last step:", [(r["status"]["state"], r["status"]["error_message"])
-                                                                for r in later])
-    assert len(later) <= (book["groups/admitted"] - book["groups/trained"]) * 8
+    # admission stops at the groups the run trains: none is started for a step after the last
+    later = [(r["status"]["state"], r["status"]["error_message"]) for r in rollouts if step_of[r["rollout_id"]] > 2]
+    assert later == [] and book["groups/admitted"] == book["groups/trained"] == 4, (later, book)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)

@@ -28,8 +28,8 @@ def train_rows(tmp_path_factory) -> Path:
     return path
 
 
-def _train(tmp_path: Path, model: Path, rows: Path, *extra: str,
-           env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, Path]:
+def _train(tmp_path: Path, model: Path, rows: Path, *extra: str, env: dict[str, str] | None = None,
+           timeout: float = 600) -> tuple[subprocess.CompletedProcess, Path]:
     run_dir = tmp_path / "run"
     cmd = [
         sys.executable, "-m", "apps.train", "--config", "configs/demo_cpu.yaml",
@@ -43,7 +43,7 @@ def _train(tmp_path: Path, model: Path, rows: Path, *extra: str,
     ]
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(ROOT), **(env or {})}
     env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc, run_dir
 
@@ -117,7 +117,7 @@ def test_streaming_run_validates_before_during_after_then_val_only_on_the_final_
          f"actor_rollout_ref.model.lora_adapter_path={final}"],
         cwd=tmp_path / "eval", env={**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
                                     "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(ROOT)},
-        capture_output=True, text=True, timeout=600)
+        capture_output=True, text=True, timeout=timeout)
     assert proc2.returncode == 0, proc2.stdout[-3000:] + proc2.stderr[-6000:]
     assert (run2 / "config-val_only.yaml").is_file() and (run_dir / "config.yaml").read_text() == resolved
     rows2 = [json.loads(line) for line in (run2 / "metrics.jsonl").read_text().splitlines()]

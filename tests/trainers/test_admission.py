@@ -111,3 +111,26 @@ def test_a_resumed_run_admits_nothing_until_the_restored_version_is_published():
     assert len(tickets) == (1 + 1) * 2 and {t.version for t in tickets} == {3}
     admission.on_publish(4)
     assert len(admission.admit(10)) == 2
+
+
+def test_nothing_is_started_beyond_the_groups_the_learner_will_train_and_a_repeated_step_adds_a_batch():
+    ctl = AdmissionController(batch_groups=2, max_staleness=1, total_groups=6)  # 3 steps of 2 groups
+    first = ctl.admit(10)
+    assert len(first) == 4
+    for ticket in first:
+        ctl.finished(ticket.id)
+    ctl.on_publish(1)
+    assert len(ctl.admit(10)) == 2  # the bound says 6, the run's total 6
+    ctl.on_publish(2)
+    assert ctl.admit(10) == [] and ctl.stats()["admission/limit"] == 6  # the bound says 8: no step 4 to train
+    ctl.learner_repeats(1)  # restarted from a checkpoint, the learner asks for a step's batch again
+    again = ctl.admit(10)
+    assert len(again) == 2 and ctl.total_groups == 8
+    assert ctl.failed(again[0].id) and len(ctl.admit(10)) == 1  # a failed group's slot still goes back
+    with pytest.raises(ValueError, match="at least one step"):
+        ctl.learner_repeats(0)
+    with pytest.raises(ValueError, match="total_groups=-2"):
+        AdmissionController(batch_groups=2, max_staleness=0, total_groups=-2)
+    unbounded = AdmissionController(batch_groups=2, max_staleness=0)
+    unbounded.learner_repeats(3)  # no end to raise
+    assert unbounded.total_groups is None and len(unbounded.admit(10)) == 2

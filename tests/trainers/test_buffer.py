@@ -61,6 +61,32 @@ def test_stale_groups_are_trained_by_default_and_dropped_with_drop_stale():
     run(body())
 
 
+def test_a_step_asked_for_again_is_told_to_the_listener_once_per_repeat():
+    class Listener:
+        def __init__(self):
+            self.repeats, self.drops = [], []
+
+        def learner_repeats(self, steps):
+            self.repeats.append(steps)
+
+        def dropped(self, count):
+            self.drops.append(count)
+
+    async def body():
+        listener = Listener()
+        buf = TrajectoryBuffer(batch_groups=1, capacity_groups=10)
+        buf.set_drop_listener(listener)
+        for i in range(5):
+            await buf.put_group(group(f"g{i}", 0))
+        for step in (1, 2, 3):
+            await buf.next_batch(step)
+        assert listener.repeats == []
+        await buf.next_batch(2, policy_version=4)  # a learner restarted from the step-1 checkpoint
+        await buf.next_batch(3, policy_version=5)
+        assert listener.repeats == [1, 1] and listener.drops == []
+    run(body())
+
+
 def test_long_share_trained_vs_generated_shows_a_short_bias():
     async def body():
         buf = TrajectoryBuffer(batch_groups=1, capacity_groups=100, drop_stale=True, max_staleness=0)
