@@ -12,7 +12,7 @@ QUIET_PIP := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory"
 # when make started (before any install it does): `make test` ends with its wall time
 STARTED := $(shell date +%s)
 
-.PHONY: setup demo demo-sql test test-fast agl-venv fuzz fuzz-api test-vllm bench bench-load bench-faults bench-peers trl-venv readme-check docs clean
+.PHONY: setup demo demo-sql test test-fast agl-venv agl03-venv fuzz fuzz-api test-vllm bench bench-load bench-faults bench-peers trl-venv readme-check docs clean
 
 setup: $(STAMP)
 
@@ -47,13 +47,17 @@ demo-sql: $(STAMP)
 
 # unit + integration; gpu tests skip themselves with a reason when no GPU is present. Two xdist workers: the tests that
 # start their own Ray clusters (marker own_cluster) beside the rest, which share one session cluster (tests/conftest.py).
-test: $(STAMP) agl-venv
+test: $(STAMP) agl-venv agl03-venv
 	$(BIN)/python -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS); code=$$?; \
 	echo "make test: $$(( $$(date +%s) - $(STARTED) )) s wall, install included (exit $$code)"; exit $$code
 
 # Agent Lightning 1.x's own environment (Python >= 3.12 where present): agl-server, agl-controller and their agents.
 agl-venv:
 	bash scripts/agl_venv.sh .venv-agl
+
+# Agent Lightning 0.3.x's environment, with tandem-rl's algorithm for it (tandem_rl_agl.TandemRL, a drop-in for agl.VERL)
+agl03-venv:
+	bash scripts/agl_venv.sh .venv-agl03 requirements/agentlightning03.txt ./integrations/agentlightning
 
 # the fast tier (< 2 minutes): everything but slow tests.
 test-fast: $(STAMP)

@@ -148,9 +148,21 @@ class TandemConfig(Section):
                 stacklevel=2,
             )
         agl = self.agent_lightning
-        if rollout.agent.default_agent_loop == "agent_lightning" and not (agl.server_url and agl.agent_class):
+        if agl.store_url and (agl.server_url or agl.agent_class):
+            raise ValueError("agent_lightning.store_url (Agent Lightning 0.3.x, whose runners run the agent) and "
+                             "agent_lightning.server_url / agent_class (1.x's agl-server and the agent agl-controller "
+                             "runs) are two ways to reach Agent Lightning: set one")
+        if agl.store_url:
+            unused = sorted(k for k in ("api_key_env", "model_name", "env_map", "keep_rollouts", "poll_interval_s")
+                            if k in agl.model_fields_set)
+            if unused:
+                warnings.warn(f"agent_lightning.{', agent_lightning.'.join(unused)}: settings of a 1.x agl-server, "
+                              "unused with agent_lightning.store_url (0.3.x); ignored", ConfigWarning, stacklevel=2)
+        if rollout.agent.default_agent_loop == "agent_lightning" and not (
+                agl.store_url or (agl.server_url and agl.agent_class)):
             raise ValueError("default_agent_loop=agent_lightning needs agent_lightning.server_url (agl-server) and "
-                             "agent_lightning.agent_class (the agent agl-controller runs)")
+                             "agent_lightning.agent_class (the agent agl-controller runs), or agent_lightning.store_url "
+                             "(an Agent Lightning 0.3.x store, which tandem_rl_agl.TandemRL sets)")
         if agl.server_url and agl.agent_class and self.serve.api_key_env:
             # agentlightning 1.0.2's proxy (server/proxy.py) posts to the registered endpoint with a content-type header
             # only: with a token required, every agent call would come back 401 and every rollout fail

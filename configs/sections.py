@@ -275,8 +275,15 @@ def is_loopback(host: str) -> bool:
 
 
 class AgentLightningConfig(Section):
-    """Agent Lightning 1.x agents as the trajectory source (the ``agent_lightning`` loop): tandem-rl drives an
-    ``agl-server`` over HTTP, which runs the user's unchanged agent through ``agl-controller``."""
+    """Agent Lightning agents as the trajectory source (the ``agent_lightning`` loop). 1.x: tandem-rl drives an
+    ``agl-server`` over HTTP, which runs the user's unchanged agent through ``agl-controller`` (``server_url``,
+    ``agent_class``). 0.3.x: the runners of an ``agl.Trainer`` whose algorithm is ``tandem_rl_agl.TandemRL`` run the
+    agent, and tandem-rl enqueues rollouts in the trainer's store (``store_url``, which ``TandemRL`` sets)."""
+
+    store_url: str | None = None
+    """An Agent Lightning 0.3.x ``LightningStoreServer`` (e.g. ``http://localhost:4747``); ``TandemRL`` passes its
+    trainer's. Exclusive with ``server_url``; only ``input_fields``, ``timeout_s``, ``wait_margin_s`` and
+    ``missing_reward`` apply to it."""
 
     server_url: str | None = None
     """``agl-server``'s URL (e.g. ``http://127.0.0.1:8181``); required by rows whose agent is ``agent_lightning``."""

@@ -31,6 +31,7 @@ from agents.chat import ChatDelta
 from agents.data.rows import DatasetRow
 from agents.loops import AgentContext, Episode, EpisodeResult, LoopLimits, episodes_for_row, run_episode
 from agents.loops.agent_lightning import AglClient, AglSettings
+from agents.loops.agent_lightning_store import AglStoreClient
 from agents.loops.episode import custom_reward
 from agents.loops.tracing import NullTracer, Tracer
 from agents.parsers import parse_tool_calls
@@ -135,6 +136,16 @@ def group_stats(groups: Sequence[Sequence[Trajectory]], elapsed_s: float) -> dic
     return stats
 
 
+def _agl_client(spec: AgentWorkerSpec) -> AglClient | AglStoreClient | None:
+    """Agent Lightning's side of the ``agent_lightning`` loop: a 1.x ``agl-server`` or a 0.3.x store."""
+    settings = spec.agent_lightning
+    if settings is None:
+        return None
+    if settings.store_url:
+        return AglStoreClient(settings, spec.openai_base_url, spec.openai_api_key)
+    return AglClient(settings, spec.openai_base_url)
+
+
 class AgentWorkerImpl:
     """The plain class (tests can run it without Ray); ``AgentWorker`` is its Ray actor."""
 
@@ -173,8 +184,7 @@ class AgentWorkerImpl:
             run_id=self.run_id,
             openai_base_url=spec.openai_base_url,
             openai_api_key=spec.openai_api_key,
-            agent_lightning=(AglClient(spec.agent_lightning, spec.openai_base_url)
-                             if spec.agent_lightning is not None else None),
+            agent_lightning=_agl_client(spec),
         )
         self._slots = asyncio.Semaphore(spec.max_concurrent_episodes)
 

@@ -31,7 +31,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from agents.loops.session_merge import SessionCall
+from agents.loops.session_merge import SessionCall, agl_session_id
 from agents.records import GenerateRequest, GenerateResult, SamplingParams
 from deployments.access import BearerToken
 from deployments.engines.base import PromptTooLong
@@ -251,6 +251,20 @@ class OpenAIIngress:
             for choice, sample in zip(response["choices"], samples):
                 choice["token_ids"] = list(sample.result.token_ids)
         return response
+
+    # Agent Lightning 0.3.x's ``ProxyLLM`` puts ``/rollout/{rollout_id}/attempt/{attempt_id}`` before ``/v1`` in each
+    # rollout's base URL: the same endpoints, recorded under that rollout's session (``agl_session_id``).
+    @app.get("/rollout/{rollout_id}/attempt/{attempt_id}/v1/models", responses=ERROR_RESPONSES)
+    async def rollout_models(self, rollout_id: str, attempt_id: str) -> dict[str, Any]:
+        return await self.models()
+
+    @app.post("/rollout/{rollout_id}/attempt/{attempt_id}/v1/chat/completions", responses=GENERATE_RESPONSES)
+    async def rollout_chat_completions(self, rollout_id: str, attempt_id: str, body: ChatCompletionRequest) -> Any:
+        return await self.chat_completions(body, x_session_id=agl_session_id(rollout_id, attempt_id))
+
+    @app.post("/rollout/{rollout_id}/attempt/{attempt_id}/v1/completions", responses=GENERATE_RESPONSES)
+    async def rollout_completions(self, rollout_id: str, attempt_id: str, body: CompletionRequest) -> Any:
+        return await self.completions(body, x_session_id=agl_session_id(rollout_id, attempt_id))
 
     @app.get("/v1/sessions/{session_id}", responses=SESSION_RESPONSES)
     async def get_session(self, session_id: str) -> dict[str, Any]:

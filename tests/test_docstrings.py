@@ -12,7 +12,7 @@ import pytest
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("agents", "configs", "deployments", "trainers", "orchestration", "observability", "apps")
+PACKAGES = ("agents", "configs", "deployments", "trainers", "orchestration", "observability", "apps", "integrations")
 Definition = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
 
 

@@ -52,6 +52,13 @@ def test_no_package_imports_upward_or_sideways():
     assert upward_imports(ROOT) == []
 
 
+def test_integrations_import_no_project_package():
+    """They are installed into other environments (Agent Lightning 0.3.x's), where none of tandem-rl's packages are."""
+    found = {f"{path.relative_to(ROOT)}:{line} imports {name}" for path in sorted((ROOT / "integrations").rglob("*.py"))
+             for name, line in project_imports(path)}
+    assert sorted((ROOT / "integrations").rglob("*.py")) and found == set()
+
+
 def test_the_layer_table_is_acyclic():
     order, seen = [], set()
 

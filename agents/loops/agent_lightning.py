@@ -65,8 +65,9 @@ class RolloutFailed(RuntimeError):
 class AglSettings:
     """The ``agent_lightning`` config section, as the loop reads it."""
 
-    server_url: str
-    agent_class: str
+    server_url: str = ""
+    agent_class: str = ""
+    store_url: str = ""  # Agent Lightning 0.3.x's store instead of a 1.x agl-server (agents.loops.agent_lightning_store)
     model_name: str = "tandem"
     api_key: str = ""
     env_map: Mapping[str, str] = field(default_factory=dict)
@@ -79,7 +80,12 @@ class AglSettings:
 
     @classmethod
     def from_config(cls, section: Any) -> AglSettings | None:
-        """From ``cfg.agent_lightning`` (None when no server is configured); the key is read from its env var."""
+        """From ``cfg.agent_lightning`` (None when neither a 1.x server nor a 0.3.x store is configured); the key is
+        read from its env var."""
+        if section.store_url:
+            return cls(store_url=section.store_url.rstrip("/"), input_fields=dict(section.input_fields),
+                       timeout_s=section.timeout_s, wait_margin_s=section.wait_margin_s,
+                       poll_interval_s=section.poll_interval_s, missing_reward=section.missing_reward)
         if not section.server_url or not section.agent_class:
             return None
         key = ""

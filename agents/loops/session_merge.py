@@ -16,6 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+def agl_session_id(rollout_id: str, attempt_id: str) -> str:
+    """The session under which the ingress records the calls of one Agent Lightning 0.3.x rollout attempt (its
+    ``ProxyLLM`` base URL ``/rollout/{rollout_id}/attempt/{attempt_id}/v1``)."""
+    return f"agl:{rollout_id}:{attempt_id}"
+
+
 @dataclass(frozen=True)
 class SessionCall:
     """One recorded LLM call of a session (the JSON the ingress returns, typed)."""

@@ -192,3 +192,15 @@ def test_agent_lightning_with_a_token_on_the_ingress_is_refused_since_its_proxy_
                                           "Authorization header"):
         load_config("configs/demo_cpu.yaml", [*agl, "serve.api_key_env=TANDEM_KEY"])
     assert load_config("configs/demo_cpu.yaml", [*agl, "agent_lightning.api_key_env=AGL_KEY"]).serve.api_key_env is None
+
+
+def test_agent_lightning_0_3_store_is_the_other_way_and_server_settings_beside_it_are_warned_or_refused():
+    loop = "actor_rollout_ref.rollout.agent.default_agent_loop=agent_lightning"
+    cfg = load_config("configs/demo_cpu.yaml", [loop, "agent_lightning.store_url=http://localhost:4747"])
+    assert cfg.agent_lightning.store_url == "http://localhost:4747"
+    with pytest.warns(ConfigWarning, match="agent_lightning.env_map, agent_lightning.model_name: settings of a 1.x"):
+        load_config("configs/demo_cpu.yaml", [loop, "agent_lightning.store_url=http://localhost:4747",
+                                              "agent_lightning.model_name=m", "agent_lightning.env_map={A: input.a}"])
+    with pytest.raises(ConfigError, match="two ways to reach Agent Lightning: set one"):
+        load_config("configs/demo_cpu.yaml", ["agent_lightning.store_url=http://localhost:4747",
+                                              "agent_lightning.agent_class=pkg.mod.Agent"])

@@ -61,3 +61,20 @@ def test_a_long_answer_is_cut_to_the_response_budget_and_a_long_prompt_follows_t
         _trajectory(EPISODE, sample, 0, 1.0, record, False, LoopLimits(4, 64, max_prompt_length=2))
     left = _trajectory(EPISODE, sample, 0, 1.0, record, False, LoopLimits(10, 64, max_prompt_length=2, truncation="left"))
     assert left.prompt_ids == (2, 3) and left.termination is Termination.ANSWERED
+
+
+def test_a_0_3_rollouts_reward_is_its_last_reward_span_in_either_encoding():
+    from agents.loops.agent_lightning_store import final_reward, span_reward
+    from agents.loops.session_merge import agl_session_id
+
+    returned = {"name": "agentlightning.annotation", "sequence_id": 3,
+                "attributes": {"agentlightning.reward.0.name": "primary", "agentlightning.reward.0.value": 0.25}}
+    emitted = {"name": "agentlightning.annotation", "sequence_id": 5,
+               "attributes": {"agentlightning.reward.0.name": "primary", "agentlightning.reward.0.value": 1,
+                              "agentlightning.reward.1.name": "length", "agentlightning.reward.1.value": 7}}
+    legacy = {"name": "agentlightning.annotation", "sequence_id": 1, "attributes": {"reward": 0.5}}
+    other = {"name": "openai.chat.completion", "sequence_id": 2, "attributes": {"reward": 9.0}}
+    assert [span_reward(s) for s in (returned, emitted, legacy, other)] == [0.25, 1.0, 0.5, None]
+    assert final_reward([emitted, other, returned, legacy]) == (1.0, 3)  # by sequence, the primary dimension
+    assert final_reward([other]) == (None, 0)
+    assert agl_session_id("ro-1", "at-2") == "agl:ro-1:at-2"
