@@ -71,6 +71,8 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     other, so the session's Ray cluster, its shared apps and models live in one worker, as in a plain ``pytest`` run.
     The two groups each keep about 1.4 of the 2 cores busy when run alone; together they fill both. (Set as each item
     is collected: xdist reads the group in its own ``pytest_collection_modifyitems``, before a conftest's.)"""
+    if item.get_closest_marker("xdist_group") is not None:  # a module chose its worker (its runs take free ports)
+        return
     own = item.get_closest_marker("own_cluster") is not None
     item.add_marker(pytest.mark.xdist_group("own_cluster" if own else "session_cluster"))
 

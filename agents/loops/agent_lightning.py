@@ -1,6 +1,7 @@
 """``agent_lightning``: episodes run by an unchanged Agent Lightning 1.x agent, driven over HTTP
 (agents layer: asyncio + httpx; no ray, and no ``agentlightning`` import: it needs Python >= 3.12 and lives
-in its own environment).
+in its own environment). Agent Lightning 0.3.x's store is the other client of the same loop
+(``agents.loops.agent_lightning_store``).
 
 Agent Lightning 1.x splits a training system into ``agl-server`` (a rollout store plus an OpenAI proxy
 that records every LLM call with its token ids and log-probs) and ``agl-controller`` (runs the user's
@@ -311,7 +312,7 @@ async def run_agent_lightning(ctx: AgentContext, episode: Episode) -> EpisodeRes
     client = ctx.agent_lightning
     if client is None:
         raise ValueError(f"trajectory {episode.trajectory_id!r}: agent_name agent_lightning needs the "
-                         "agent_lightning config section (server_url, agent_class)")
+                         "agent_lightning config section (server_url and agent_class for 1.x, store_url for 0.3.x)")
     record = await client.run(episode, is_train=not episode.validation)
     where = f"trajectory {episode.trajectory_id!r} (Agent Lightning rollout {record.rollout_id})"
     if record.state != "succeeded":

@@ -21,7 +21,9 @@ import pytest
 
 from tests.ray_head import free_port
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.own_cluster]
+# Its cluster is its own, on free ports: it runs in the session-cluster worker, which has the time to spare.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.own_cluster,
+              pytest.mark.xdist_group("session_cluster")]
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "agent_lightning03"
 REWARD = "agentlightning.reward.0.value"

@@ -15,6 +15,7 @@ import pytest
 from agents.data import arithmetic
 from agents.data.rows import validate_row, write_parquet
 from tests.apps.run_checks import check_run
+from tests.ray_head import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.own_cluster]
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +40,7 @@ def _train(tmp_path: Path, model: Path, rows: Path, *extra: str, env: dict[str, 
         "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         "actor_rollout_ref.rollout.n=2", "data.max_response_length=48", "sft.enabled=false",
         f"tracking.mlflow_tracking_uri=sqlite:///{tmp_path / 'mlruns.db'}", "serve.app_name=train-test",
-        "serve.port=8123", *extra,
+        f"serve.port={free_port()}", *extra,
     ]
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(ROOT), **(env or {})}
     env.pop("RAY_ADDRESS", None)
