@@ -5,7 +5,8 @@
 
 SmolLM2-135M-Instruct (as ``make demo`` prepares it) in an ``HFEngine`` (float32, its attention and sampling) and its
 cache (``hf_batch.growing_cache``: keys and values appended in place; ``--plain-cache`` uses transformers'
-``DynamicCache``, which ``torch.cat``-copies every layer's cache each step, for comparison): ``--rows`` sequences of
+``DynamicCache``, which ``torch.cat``-copies every layer's cache each step, for comparison) and weights packed once
+for oneDNN (``hf_linear``; ``--plain-weights``: plain ``nn.Linear``, for comparison): ``--rows`` sequences of
 ``--context`` tokens are prefilled, then decoded by the engine's own ``_decode`` (its forward and per-row sampling).
 Per batch size: the wall time of a step (after warm-up, median of ``--steps``), then one profiled pass of
 ``--steps`` steps (``torch.profiler``, CPU) grouped by what the operators do: matrix products (the weights),
@@ -25,7 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUPS = {  # operator name -> group; names not listed fall in "other operators"
-    "matrix products": ("aten::addmm", "aten::mm", "aten::bmm", "aten::linear", "aten::matmul"),
+    "matrix products": ("aten::addmm", "aten::mm", "aten::bmm", "aten::linear", "aten::matmul",
+                        "mkldnn::_linear_pointwise"),
     "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::scaled_dot_product_attention",
                   "aten::_scaled_dot_product_attention_math", "aten::softmax", "aten::_softmax"),
     "cat": ("aten::cat",),
@@ -97,16 +99,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--plain-cache", action="store_true", help="transformers' DynamicCache, not the engine's")
+    parser.add_argument("--plain-weights", action="store_true",
+                        help="plain nn.Linear, not the weights packed once for oneDNN (HFEngine pack_weights=False)")
     parser.add_argument("--model", type=Path, default=ROOT / ".cache" / "smollm2-135m")
     args = parser.parse_args(argv)
     from apps.prepare_model import prepare_model
     from deployments.engines.hf_engine import HFEngine
 
     path = prepare_model("smollm2-135m", args.model)
-    engine = HFEngine(str(path), max_model_len=args.context + 2 * args.steps + 8, num_threads=args.threads)
+    engine = HFEngine(str(path), max_model_len=args.context + 2 * args.steps + 8, num_threads=args.threads,
+                      pack_weights=not args.plain_weights)
     for rows in args.rows:
         step_s, by_group, others = profile_rows(engine, rows, args.context, args.steps, args.plain_cache)
         cache = "DynamicCache" if args.plain_cache else "the engine's cache"
+        cache += ", plain weights" if args.plain_weights else f", {engine.packed_linears} packed weights"
         print(f"decode_step_profile: {rows} rows, {args.context}+ tokens of context, {cache}, {args.threads} threads: "
               f"{1000 * step_s:.0f} ms/step; " + ", ".join(f"{g} {100 * s:.0f}%" for g, s in by_group.items())
               + f" (largest other operators: {others})", flush=True)

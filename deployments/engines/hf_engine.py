@@ -52,6 +52,7 @@ from agents.records import AdapterRef, SamplingParams
 from deployments.engines.base import EngineOutput, PromptTooLong
 from deployments.engines.hf_attention import ATTENTION
 from deployments.engines.hf_batch import RequestState, RunningBatch, keep_rows, merge_batches, sample_next
+from deployments.engines.hf_linear import can_pack, pack_linears
 from deployments.engines.hf_prefill import PrefixCache, Prefiller
 
 DType = Literal["float32", "bfloat16", "float16"]
@@ -73,7 +74,8 @@ class HFEngine:
     ``load_adapter`` treats running requests (see the module docstring); the default attention is
     ``sdpa`` without copying the KV cache for grouped-query heads (``hf_attention``); sequences of at least
     ``prefix_cache_min_tokens`` tokens are kept for reuse, up to ``prefix_cache_mib`` MiB of keys and values
-    (0 turns either off; see the module docstring).
+    (0 turns either off; see the module docstring); ``pack_weights`` (float32 on the CPU) multiplies with weights
+    packed once for oneDNN (``hf_linear``) instead of plain ``nn.Linear``.
     """
 
     def __init__(
@@ -90,6 +92,7 @@ class HFEngine:
         swap: SwapMode = "drain",
         prefix_cache_min_tokens: int = 32,
         prefix_cache_mib: float = 512,
+        pack_weights: bool = True,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"HFEngine({model_path!r}): max_batch_size must be >= 1, got {max_batch_size}")
@@ -108,6 +111,7 @@ class HFEngine:
             model_path, dtype=DTYPES[dtype], attn_implementation=attn_implementation
         ).to(self.device)
         self._model.eval()
+        self.packed_linears = pack_linears(self._model) if pack_weights and can_pack(self.device, DTYPES[dtype]) else 0
         self._vocab_size = self._model.get_input_embeddings().num_embeddings
         probe = DynamicCache(config=self._model.config)
         if any(type(layer) is not DynamicLayer for layer in probe.layers):

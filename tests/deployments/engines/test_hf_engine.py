@@ -302,3 +302,18 @@ def test_cancelled_request_frees_its_row(tiny_model_dir: Path) -> None:
     out, stats = run(with_engine(tiny_model_dir, body, eos_token_ids=()))
     assert len(out.token_ids) == 5
     assert stats["generated_tokens"] < 200  # the cancelled request stopped decoding
+
+
+def test_float32_cpu_weights_are_packed_once_and_match_the_plain_forward(tiny_model_dir: Path) -> None:
+    """``pack_weights`` (the default): every nn.Linear multiplies with its weight packed for oneDNN; the logits equal the
+    plain forward's to float32 rounding (the greedy and log-prob tests above compare the packed engine with plain
+    transformers too). A bfloat16 engine and ``pack_weights=False`` keep plain layers."""
+    packed = HFEngine(str(tiny_model_dir), max_model_len=64)
+    plain = HFEngine(str(tiny_model_dir), max_model_len=64, pack_weights=False)
+    linears = sum(isinstance(m, torch.nn.Linear) for m in plain._model.modules())
+    assert packed.packed_linears == linears > 0 and plain.packed_linears == 0
+    ids = torch.randint(0, 200, (3, 17), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        a, b = packed._model(input_ids=ids).logits, plain._model(input_ids=ids).logits
+    assert torch.allclose(a, b, atol=1e-4, rtol=1e-4) and not torch.equal(a, b)  # a different kernel, same numbers
+    assert HFEngine(str(tiny_model_dir), max_model_len=64, dtype="bfloat16").packed_linears == 0
