@@ -17,7 +17,9 @@ from agents.data.rows import validate_row, write_parquet
 from tests.apps.run_checks import check_run
 from tests.ray_head import free_port
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.own_cluster]
+# Its runs take free ports: it runs in the session-cluster worker, which finished ~5 min before the own-cluster one.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.own_cluster,
+              pytest.mark.xdist_group("session_cluster")]
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -118,7 +120,7 @@ def test_streaming_run_validates_before_during_after_then_val_only_on_the_final_
          f"actor_rollout_ref.model.lora_adapter_path={final}"],
         cwd=tmp_path / "eval", env={**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
                                     "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(ROOT)},
-        capture_output=True, text=True, timeout=timeout)
+        capture_output=True, text=True, timeout=600)
     assert proc2.returncode == 0, proc2.stdout[-3000:] + proc2.stderr[-6000:]
     assert (run2 / "config-val_only.yaml").is_file() and (run_dir / "config.yaml").read_text() == resolved
     rows2 = [json.loads(line) for line in (run2 / "metrics.jsonl").read_text().splitlines()]
