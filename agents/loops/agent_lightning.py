@@ -165,6 +165,18 @@ class RolloutRecord:
     error: str = ""
 
 
+async def agl_request(client: httpx.AsyncClient, who: str, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    """One request to an Agent Lightning server; a transport error or an answer >= 400 raises ``RolloutFailed``
+    naming ``who``, the method and the path."""
+    try:
+        response = await client.request(method, path, **kwargs)
+    except httpx.HTTPError as exc:
+        raise RolloutFailed(f"{who}: {method} {path}: {type(exc).__name__}: {exc}") from exc
+    if response.status_code >= 400:
+        raise RolloutFailed(f"{who}: {method} {path} answered {response.status_code}: {response.text[:300]}")
+    return response
+
+
 class AglClient:
     """One agent worker's connection to ``agl-server``."""
 
@@ -179,15 +191,7 @@ class AglClient:
         self._register_lock = asyncio.Lock()
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        try:
-            response = await self._client.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
-            raise RolloutFailed(f"agl-server {self.settings.server_url}: {method} {path}: {type(exc).__name__}: "
-                                f"{exc}") from exc
-        if response.status_code >= 400:
-            raise RolloutFailed(f"agl-server {self.settings.server_url}: {method} {path} answered "
-                                f"{response.status_code}: {response.text[:300]}")
-        return response
+        return await agl_request(self._client, f"agl-server {self.settings.server_url}", method, path, **kwargs)
 
     async def register(self, version: int) -> None:
         """Register (upsert) the ingress as ``model_name`` at ``version`` unless a newer one is registered."""

@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from agents.loops.agent_lightning import AglSettings, RolloutFailed, RolloutRecord, rollout_input
+from agents.loops.agent_lightning import AglSettings, RolloutFailed, RolloutRecord, agl_request, rollout_input
 from agents.loops.episode import Episode
 from agents.loops.session_merge import SessionCall, agl_session_id
 
@@ -73,15 +73,8 @@ class AglStoreClient:
         self._ingress = httpx.AsyncClient(base_url=openai_base_url.rstrip("/"), headers=headers, timeout=30.0)
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
-        try:
-            response = await self._store.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
-            raise RolloutFailed(f"Agent Lightning store {self.settings.store_url}: {method} {path}: "
-                                f"{type(exc).__name__}: {exc}") from exc
-        if response.status_code >= 400:
-            raise RolloutFailed(f"Agent Lightning store {self.settings.store_url}: {method} {path} answered "
-                                f"{response.status_code}: {response.text[:300]}")
-        return response.json()
+        who = f"Agent Lightning store {self.settings.store_url}"
+        return (await agl_request(self._store, who, method, path, **kwargs)).json()
 
     async def run(self, episode: Episode, *, is_train: bool) -> RolloutRecord:
         """Enqueue the episode's rollout, wait for it, read its reward spans and its recorded calls."""
