@@ -2,8 +2,10 @@
 ``tandem_rl_agl.TandemRL`` where its SQL guide has ``agl.VERL`` (agentlightning==0.3.0 and that package in their own
 venv, made by ``make agl03-venv``): two GRPO steps with LoRA on the tiny model.
 
-The agent (tests/fixtures/agent_lightning03/parity_agent.py) is a plain ``LitAgent`` making one chat call through
-``main_llm``'s per-rollout base URL; half the tasks return the reward as a float, half ``emit_reward`` it. What each
+The agent (tests/fixtures/agent_lightning03/parity_agent.py) makes one chat call through the rollout's own base URL,
+written both ways 0.3.x agents are: half the tasks run a ``LitAgent`` subclass (``main_llm.get_base_url``), half an
+``@agl.rollout`` function (handed an ``llm`` already pointed at the rollout); across both, half the tasks return the
+reward as a float, half ``emit_reward`` it. What each
 side saw is read back independently: the store's rollouts and spans (dumped by the driver when the run ends), the
 agent's own log of every response, the run's metrics, accounting and trained batches (``rollout_data_dir``).
 """
@@ -41,7 +43,8 @@ def test_agent_lightning03_trainer_fit_with_tandem_rl_as_its_algorithm_trains_tw
                                                                                                 agl03_venv):
     run_dir, batches = tmp_path / "run", tmp_path / "batches"
     agent_log, store_dump = tmp_path / "agent.jsonl", tmp_path / "store.json"
-    tasks = [{"question": f"Say a number near {i}.", "reward_via": "emit" if i % 2 else "float"} for i in range(4)]
+    tasks = [{"question": f"Say a number near {i}.", "reward_via": "emit" if i % 2 else "float",
+              "agent": "decorated" if i >= 2 else "class"} for i in range(4)]
     overrides = [
         f"actor_rollout_ref.model.path={tiny_model_dir}", "trainer.val_before_train=false", "trainer.test_freq=-1",
         "trainer.validation_data_dir=null", "trainer.total_training_steps=2", "trainer.save_freq=-1",
@@ -74,18 +77,20 @@ def test_agent_lightning03_trainer_fit_with_tandem_rl_as_its_algorithm_trains_tw
     assert len(stored) == 16 and all(s["rollout"]["status"] == "succeeded" for s in stored), [
         (s["rollout"]["rollout_id"], s["rollout"]["status"]) for s in stored]
     assert set(seen) == {s["rollout"]["rollout_id"] for s in stored}
-    by_via = Counter()
+    by_via, by_agent = Counter(), Counter()
     for entry in stored:
         rollout = entry["rollout"]
         mine = seen[rollout["rollout_id"]]
         rewards = [s["attributes"][REWARD] for s in entry["spans"] if REWARD in (s.get("attributes") or {})]
         assert rewards == [mine["reward"]], (rollout["rollout_id"], rewards, mine)  # a float return or emit_reward
         by_via[mine["via"]] += 1
+        by_agent[mine["agent"]] += 1
         assert f"/rollout/{rollout['rollout_id']}/attempt/{mine['attempt_id']}/v1" in mine["base_url"]
         assert mine["logprobs"] == len(mine["token_ids"]) > 0  # one log-prob per response token
         step = int(rollout["metadata"]["admitted_at_version"]) + 1  # max_staleness=0: sampled by the previous step
         assert mine["fingerprint"] == f"policy-v{step - 1}", (step, mine["fingerprint"])  # step 2 sampled by v1
     assert by_via == {"float": 8, "emit": 8}, by_via  # 4 tasks in 2 steps of 2: each task once, 4 samples each
+    assert by_agent == {"class": 8, "decorated": 8}, by_agent
 
     # what was trained is what the agent got: per group, the decoded responses and rewards of its rollouts
     from transformers import AutoTokenizer
