@@ -167,6 +167,7 @@ class Termination(str, enum.Enum):
     MAX_MODEL_LEN = "max_model_len"
     PARSE_ERROR = "parse_error"  # multi_turn.on_parse_error=stop
     ENGINE_ABORT = "engine_abort"
+    FAILED = "failed"  # validation: the episode raised (a scored sample of 0, counted; training fails its group)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ Tracing is injected as a factory (``observability.tracing`` builds the mlflow tr
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections import Counter
@@ -35,10 +36,12 @@ from agents.loops.agent_lightning_store import AglStoreClient
 from agents.loops.episode import custom_reward
 from agents.loops.tracing import NullTracer, Tracer
 from agents.parsers import parse_tool_calls
-from agents.records import GenerateRequest, GenerateResult, SamplingParams, ScoredSample, Trajectory
+from agents.records import GenerateRequest, GenerateResult, SamplingParams, ScoredSample, Termination, Trajectory
 from agents.rewards import load_custom_reward
 from agents.tools.registry import load_tools
 from deployments.replica_retry import DEFAULT_MAX_RETRIES, call_surviving_deaths
+
+log = logging.getLogger("tandem_rl.agents")
 
 MAX_ACTOR_CONCURRENCY = 10_000  # run_rows calls and their episodes all live on the actor's event loop
 
@@ -232,11 +235,21 @@ class AgentWorkerImpl:
             raise ValueError(f"validate_rows: {len(parsed)} rows but {len(group_ids)} group_ids")
         sampling = replace(sampling, stop_token_ids=self.sampling.stop_token_ids)
 
+        async def one_episode(row: DatasetRow, episode: Episode) -> ScoredSample:
+            try:
+                return self._scored(row, (await self._episode(episode)).trajectory)
+            except Exception as exc:  # one episode does not end the run: scored 0, counted as termination "failed"
+                where = f"validation row {row.extra_info.index} ({row.data_source}, group {episode.group_id})"
+                log.warning("%s: the episode failed, scored 0: %s: %s", where, type(exc).__name__, exc)
+                return ScoredSample(data_source=row.data_source, uid=episode.group_id, input="",
+                                    output=f"[episode failed: {type(exc).__name__}: {exc}]"[:2000], score=0.0,
+                                    ground_truth=row.reward_model.ground_truth, num_turns=0,
+                                    termination=Termination.FAILED.value)
+
         async def one_row(row: DatasetRow, group_id: str) -> list[ScoredSample]:
             episodes = episodes_for_row(row, n, sampling, group_id=group_id, step=step,
                                         default_agent_loop=self.spec.default_agent_loop, validation=True)
-            results = await asyncio.gather(*(self._episode(e) for e in episodes))
-            return [self._scored(row, r.trajectory) for r in results]
+            return list(await asyncio.gather(*(one_episode(row, e) for e in episodes)))
 
         groups = await asyncio.gather(*(one_row(row, gid) for row, gid in zip(parsed, group_ids)))
         return [sample for group in groups for sample in group]

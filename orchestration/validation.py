@@ -26,7 +26,7 @@ import numpy as np
 import ray
 
 from agents.data.rows import DatasetRow
-from agents.records import SamplingParams, ScoredSample, Trajectory
+from agents.records import SamplingParams, ScoredSample, Termination, Trajectory
 from configs import TandemConfig
 
 
@@ -38,10 +38,11 @@ def validation_metrics(samples: Sequence[ScoredSample]) -> dict[str, float]:
         raise ValueError("no validation samples to compute metrics from")
     infos: dict[str, list[float]] = {"reward": [s.score for s in samples]}
     for key in sorted({k for s in samples for k in s.reward_extra}):
-        missing = [s.uid for s in samples if key not in s.reward_extra]
+        # a failed episode (termination "failed") scores 0 on every reward key
+        missing = [s.uid for s in samples if key not in s.reward_extra and s.termination != Termination.FAILED.value]
         if missing:
             raise ValueError(f"reward key {key!r} is missing from validation samples of group(s) {sorted(set(missing))[:5]}")
-        infos[key] = [s.reward_extra[key] for s in samples]
+        infos[key] = [s.reward_extra.get(key, 0.0) for s in samples]
     uids = [s.uid for s in samples]
     by_source = process_validation_metrics([s.data_source for s in samples], uids, infos)
     groups = [group_of(s.data_source) for s in samples]

@@ -114,8 +114,15 @@ class AglStoreClient:
                 raise RolloutFailed(f"rollout {rid}: still {rollout.get('status')!r} after "
                                     f"{s.timeout_s + s.wait_margin_s:.0f} s (agent_lightning.timeout_s + wait_margin_s);"
                                     " are the Trainer's runners alive?")
-            done = await self._request("POST", "/waits/rollouts",
-                                       json={"rollout_ids": [rid], "timeout": min(left, 10.0)}, timeout=min(left, 10.0) + 30)
+            try:
+                done = await self._request("POST", "/waits/rollouts", json={"rollout_ids": [rid], "timeout": min(left, 10.0)},
+                                           timeout=min(left, 10.0) + 30)
+            except RolloutFailed as exc:
+                # a busy store can hold a long-poll past its own timeout: not an answer, ask again until the deadline
+                if not isinstance(exc.__cause__, httpx.TimeoutException):
+                    raise
+                log.info("rollout %s: the store's wait did not answer in time (%s); waiting again", rid, exc)
+                continue
             if any(r.get("rollout_id") == rid and r.get("status") in FINISHED for r in done):
                 # the attempt (its id, for the spans and the ingress's session) comes with the single-rollout view
                 return await self._request("GET", f"/rollouts/{rid}")

@@ -72,6 +72,12 @@ def test_without_acc_the_core_metric_is_the_reward():
                             ScoredSample("x", "u1", "q", "a", 1.0)])
 
 
+def test_a_failed_episode_scores_0_on_every_reward_key_and_is_counted():
+    metrics = validation_metrics([ScoredSample("x", "u0", "q", "a", 1.0, reward_extra={"acc": 1.0}),
+                                  ScoredSample("x", "u1", "", "[episode failed: ReadTimeout]", 0.0, termination="failed")])
+    assert metrics["val-core/x/acc/mean@1"] == 0.5 and metrics["val-aux/termination/failed"] == 0.5
+
+
 def test_dump_file_format_equals_verls(tmp_path: Path):
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 

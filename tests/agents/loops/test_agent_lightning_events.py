@@ -4,7 +4,7 @@ agl-server in tests/apps/test_agent_lightning.py)."""
 
 import pytest
 
-from agents.loops.agent_lightning import RolloutRecord, _trajectory, call_from_event, rollout_input
+from agents.loops.agent_lightning import RolloutFailed, RolloutRecord, _trajectory, call_from_event, rollout_input
 from agents.loops.episode import Episode, LoopLimits
 from agents.loops.session_merge import merge_session_calls
 from agents.records import SamplingParams, Termination
@@ -78,3 +78,34 @@ def test_a_0_3_rollouts_reward_is_its_last_reward_span_in_either_encoding():
     assert final_reward([emitted, other, returned, legacy]) == (1.0, 3)  # by sequence, the primary dimension
     assert final_reward([other]) == (None, 0)
     assert agl_session_id("ro-1", "at-2") == "agl:ro-1:at-2"
+
+
+def test_a_0_3_store_wait_that_times_out_is_asked_again_until_the_rollout_finishes():
+    import asyncio
+
+    import httpx
+
+    from agents.loops.agent_lightning import AglSettings
+    from agents.loops.agent_lightning_store import AglStoreClient
+
+    waits = []
+
+    def store(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/waits/rollouts"):
+            waits.append(request)
+            if len(waits) == 1:  # a busy store holds the first long-poll past the client's timeout
+                raise httpx.ReadTimeout("timed out", request=request)
+            return httpx.Response(200, json=[{"rollout_id": "ro-1", "status": "succeeded"}])
+        return httpx.Response(200, json={"rollout_id": "ro-1", "status": "succeeded", "attempt": {"attempt_id": "at-1"}})
+
+    client = AglStoreClient(AglSettings(store_url="http://store"), "http://ingress/v1")
+    client._store = httpx.AsyncClient(base_url="http://store/v1/agl", transport=httpx.MockTransport(store))
+    assert asyncio.run(client._wait("ro-1"))["attempt"]["attempt_id"] == "at-1"
+    assert len(waits) == 2
+
+    def broken(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(500, text="store error")
+
+    client._store = httpx.AsyncClient(base_url="http://store/v1/agl", transport=httpx.MockTransport(broken))
+    with pytest.raises(RolloutFailed, match="answered 500"):  # anything else than a timeout still fails the rollout
+        asyncio.run(client._wait("ro-1"))
