@@ -89,6 +89,10 @@ trl-venv:
 bench-peers: $(STAMP) trl-venv
 	$(BIN)/python -m benchmarks.peer_trl $(ARGS)
 
+# the demo's job with an Agent Lightning 0.3.x agent under its own Trainer.fit (benchmarks.agl_learning; ~30 min)
+bench-agl: $(STAMP) agl03-venv
+	$(BIN)/python -m benchmarks.agl_learning $(ARGS)
+
 # the OpenAI endpoint under load beside `vllm serve` (benchmarks.serve_load; ~25 min at the default levels)
 bench-load: $(STAMP)
 	$(BIN)/pip install -q -r requirements/load.txt $(QUIET_PIP)

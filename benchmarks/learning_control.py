@@ -33,23 +33,30 @@ SQL_HEADLINE, SQL_BESIDE = "sql/heldout_family", "sql/same_family"
 TASKS = {"arithmetic": "configs/demo_cpu.yaml", "sql": "configs/sql_cpu.yaml"}
 
 
-def _validations(run_dir: Path) -> list[dict[str, float]]:
+def validations(run_dir: Path) -> list[dict[str, float]]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [row for row in rows if any(k.startswith("val-core/") for k in row)]
 
 
-def _overall(row: dict[str, float], sizes: dict[str, int]) -> float:
-    """Sample-weighted accuracy over the data sources (``sizes``: validation rows per source)."""
-    keys = {k.removeprefix("val-core/").rsplit("/", 2)[0]: k for k in row if k.startswith("val-core/") and "/acc/mean@" in k}
-    return sum(row[k] * sizes[s] for s, k in keys.items()) / sum(sizes[s] for s in keys)
+def overall(row: dict[str, float], sizes: dict[str, int]) -> float:
+    """Sample-weighted accuracy over the data sources (``sizes``: validation rows per source; each source's
+    figure as ``core`` reads it)."""
+    sources = [s for s in sizes if any(k.startswith(f"val-core/{s}/") for k in row)]
+    return sum(core(row, s) * sizes[s] for s in sources) / sum(sizes[s] for s in sources)
+
+
+def job_overrides(name: str, steps: int) -> list[str]:
+    """A measured run's keys: its own name and folder, ``steps`` GRPO steps, greedy validation before and after only,
+    a fresh start (no resume, no checkpoints)."""
+    return [f"trainer.experiment_name={name}", f"trainer.total_training_steps={steps}", f"trainer.test_freq={steps}",
+            "trainer.val_before_train=true", "trainer.resume_mode=disable", "trainer.save_freq=-1",
+            f"trainer.validation_data_dir=runs/{name}/validation", "trainer.log_val_generations=0"]
 
 
 def run_once(config: str, overrides: list[str], name: str, lr: float | None, steps: int) -> list[dict[str, float]]:
     from apps.train import run
 
-    extra = [f"trainer.experiment_name={name}", f"trainer.total_training_steps={steps}", f"trainer.test_freq={steps}",
-             "trainer.val_before_train=true", "trainer.resume_mode=disable", "trainer.save_freq=-1",
-             f"trainer.validation_data_dir=runs/{name}/validation", "trainer.log_val_generations=0"]
+    extra = job_overrides(name, steps)
     if lr is not None:
         extra.append(f"actor_rollout_ref.actor.optim.lr={lr}")
     cfg = load_config(config, [*overrides, *extra])
@@ -59,10 +66,10 @@ def run_once(config: str, overrides: list[str], name: str, lr: float | None, ste
     # the run's own console (progress lines, tables) goes to its folder; this script prints one line per run
     with open(run_dir / "console.log", "w", buffering=1) as console, contextlib.redirect_stdout(console):
         run(cfg)
-    return _validations(Path(cfg.trainer.run_dir))
+    return validations(Path(cfg.trainer.run_dir))
 
 
-def _prepare(task: str, config: str, overrides: list[str]) -> dict[str, int]:
+def prepare(task: str, config: str, overrides: list[str]) -> dict[str, int]:
     """What the demo prepares (cached); returns validation rows per data source."""
     cfg = load_config(config, overrides)
     if task == "sql":
@@ -84,7 +91,7 @@ def _prepare(task: str, config: str, overrides: list[str]) -> dict[str, int]:
     return sizes
 
 
-def _core(row: dict[str, float], source: str) -> float:
+def core(row: dict[str, float], source: str) -> float:
     """The source's headline validation figure: ``val-core/<source>/acc/mean@N``, or ``reward/mean@N`` for a reward
     without an ``acc`` key (the SQL reward: 0/1 execution match)."""
     for var in ("acc", "reward"):
@@ -100,7 +107,7 @@ def _finished(name: str, config: str, overrides: list[str], steps: int) -> list[
     run_dir = Path(cfg.trainer.run_dir)
     if not (run_dir / "metrics.jsonl").is_file():
         raise FileNotFoundError(f"{run_dir}/metrics.jsonl: run {name} first (--runs)")
-    return _validations(run_dir)
+    return validations(run_dir)
 
 
 AUX = (("val-aux/num_turns/mean", "turns/episode", "{:.2f}"),
@@ -118,7 +125,7 @@ def sql_tables(config: str, overrides: list[str], steps: int) -> str:
     lines = [f"{'family':<44} {'GRPO before → after':>20} {'control before → after':>23}"]
     families = sorted({source for vals in runs.values() for source in _sources(vals[0]) if ":" in source})
     for family in families:
-        cells = [f"{_core(vals[0], family):.3f} → {_core(vals[-1], family):.3f}" for vals in runs.values()]
+        cells = [f"{core(vals[0], family):.3f} → {core(vals[-1], family):.3f}" for vals in runs.values()]
         lines.append(f"{family:<44} {cells[0]:>20} {cells[1]:>23}")
     for key, label, fmt in AUX:
         cells = [f"{fmt.format(vals[0][key])} → {fmt.format(vals[-1][key])}" for vals in runs.values()]
@@ -147,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     config = args.config or TASKS[args.task]
     steps = args.steps or (10 if args.task == "arithmetic" else load_config(config, args.overrides).trainer.total_training_steps)
-    sizes = _prepare(args.task, config, args.overrides)
+    sizes = prepare(args.task, config, args.overrides)
     results = {}
     for label, lr in ((f"GRPO lr={load_config(config, args.overrides).actor_rollout_ref.actor.optim.lr:g}", None),
                       ("control lr=0", 0.0)):
@@ -166,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         if int(before["step"]) != 0 or int(after["step"]) != steps:
             raise RuntimeError(f"{label}: validations at steps {[int(v['step']) for v in vals]}, expected 0 and {steps}")
         if args.task == "sql":
-            shown = [(source, _core(before, source), _core(after, source)) for source in (SQL_HEADLINE, SQL_BESIDE)]
+            shown = [(source, core(before, source), core(after, source)) for source in (SQL_HEADLINE, SQL_BESIDE)]
             delta = shown[0][2] - shown[0][1]
             summary = f"headline {SQL_HEADLINE} Δ {delta:+.3f}"
         else:
@@ -174,8 +181,8 @@ def main(argv: list[str] | None = None) -> int:
             for key in sorted(k for k in before if k.startswith("val-core/") and "/acc/mean@" in k):
                 source = key.removeprefix("val-core/").rsplit("/", 2)[0]
                 shown.append((source, before[key], after[key]))
-            delta = _overall(after, sizes) - _overall(before, sizes)
-            summary = f"overall {_overall(before, sizes):.3f} → {_overall(after, sizes):.3f} (Δ {delta:+.3f})"
+            delta = overall(after, sizes) - overall(before, sizes)
+            summary = f"overall {overall(before, sizes):.3f} → {overall(after, sizes):.3f} (Δ {delta:+.3f})"
         results[label] = delta
         per_source = "; ".join(f"{source} {b:.3f} → {a:.3f}" for source, b, a in shown)
         print(f"{label:>16}: held-out greedy acc@1 {per_source}; {summary} after {steps} steps, "
