@@ -63,11 +63,14 @@ def calculate(expression: str) -> str:
 
 
 def correct(text: str, answer: str) -> float:
+    """The reward: 1.0 when the last "answer is N" in ``text`` states ``answer``, else 0.0."""
     found = ANSWER.findall(text or "")
     return float(bool(found) and found[-1].replace(",", "") == str(answer).strip())
 
 
 class CalculatorAgent(agl.LitAgent):
+    """The agent: an OpenAI tool-calling loop over the rollout's own base URL, rewarded by the answer's correctness."""
+
     def rollout(self, task, resources, rollout):
         llm = resources["main_llm"]
         client = OpenAI(base_url=llm.get_base_url(rollout.rollout_id, rollout.attempt.attempt_id),
@@ -102,6 +105,7 @@ def tasks(path: Path) -> list[dict]:
 
 
 def main() -> None:
+    """``Trainer.fit`` of the agent on the demo's rows, with tandem-rl's algorithm in place of ``agl.VERL``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--train", type=Path, required=True)
     parser.add_argument("--val", type=Path, required=True)
