@@ -237,7 +237,7 @@ class AgentWorkerImpl:
 
         async def one_episode(row: DatasetRow, episode: Episode) -> ScoredSample:
             try:
-                return self._scored(row, (await self._episode(episode)).trajectory)
+                result = await self._episode(episode)
             except Exception as exc:  # one episode does not end the run: scored 0, counted as termination "failed"
                 where = f"validation row {row.extra_info.index} ({row.data_source}, group {episode.group_id})"
                 log.warning("%s: the episode failed, scored 0: %s: %s", where, type(exc).__name__, exc)
@@ -245,6 +245,7 @@ class AgentWorkerImpl:
                                     output=f"[episode failed: {type(exc).__name__}: {exc}]"[:2000], score=0.0,
                                     ground_truth=row.reward_model.ground_truth, num_turns=0,
                                     termination=Termination.FAILED.value)
+            return self._scored(row, result.trajectory)  # outside the try: a scoring bug still fails loudly
 
         async def one_row(row: DatasetRow, group_id: str) -> list[ScoredSample]:
             episodes = episodes_for_row(row, n, sampling, group_id=group_id, step=step,
