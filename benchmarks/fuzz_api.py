@@ -136,8 +136,8 @@ def fuzz(root: str, token: str, *, requests: int, seed: int, time_limit_s: float
         rounds += 1
     report.seconds = time.monotonic() - started
     try:
-        report.healthy_after = httpx.get(f"{root}/v1/models", headers={"Authorization": f"Bearer {token}"},
-                                         timeout=60).status_code == 200
+        report.healthy_after = all(httpx.get(f"{root}{path}", headers={"Authorization": f"Bearer {token}"},
+                                             timeout=60).status_code == 200 for path in ("/health", "/v1/models"))
         report.session_intact = before is not None and _probe_session(root, token, probe_id) == before
     except httpx.HTTPError:
         report.healthy_after = False

@@ -181,23 +181,10 @@ def tandem_app(model: Path, token: str, out: Path, dtype: str, autoscaling: dict
         subprocess.run([str(BIN / "serve"), "deploy", str(path), "-a", head.dashboard], env=env, check=True, cwd=ROOT,
                        stdout=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{port}"
-        _wait_http(f"{url}/v1/models", {"Authorization": f"Bearer {token}"}, 600, "tandem-rl's rollout app")
-        # the ingress answers /v1/models before a rollout replica has built its engine (vLLM's takes ~1 min here):
-        # the load starts once every deployment runs, as vllm serve's /v1/models answers once its engine is up
-        wait_app_running(head.dashboard, config["applications"][0]["name"], 900)
+        # the ingress answers HTTP before a rollout replica has built its engine (vLLM's takes ~1 min here): the load
+        # starts once /health says a replica runs, as vllm serve's /health answers once its engine is up
+        _wait_http(f"{url}/health", {}, 900, "tandem-rl's rollout app")
         yield url, head
-
-
-def wait_app_running(dashboard: str, app: str, timeout_s: float) -> None:
-    """Until Serve reports the application RUNNING (every deployment's replicas up), from the dashboard's REST API."""
-    deadline, status = time.monotonic() + timeout_s, None
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
-            status = httpx.get(f"{dashboard}/api/serve/applications/", timeout=10).json()["applications"][app]["status"]
-            if status == "RUNNING":
-                return
-        time.sleep(2)
-    raise TimeoutError(f"Serve application {app} not RUNNING within {timeout_s:.0f}s (last status {status})")
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ ingress can run several replicas.
 
 # No ``from __future__ import annotations`` here: FastAPI must see the real request-model classes on the
 # route signatures (Serve's ingress wrapper cannot resolve string annotations, and the body became a query).
+import asyncio
 import json
 import logging
 import time
@@ -38,6 +39,7 @@ from deployments.engines.base import PromptTooLong
 from deployments.openai_protocol import (
     ERROR_RESPONSES,
     GENERATE_RESPONSES,
+    HEALTH_RESPONSES,
     SESSION_RESPONSES,
     ChatCompletionRequest,
     CompletionRequest,
@@ -86,7 +88,8 @@ class SessionStore:
 
 
 app = FastAPI(title="tandem-rl rollout")
-OPEN_PATHS = frozenset({"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})  # the schema: no model, no record
+# the schema and the readiness probe: no model, no record (a Kubernetes probe carries no token; vLLM's /health is open)
+OPEN_PATHS = frozenset({"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/health"})
 
 
 def _replica_token() -> BearerToken | None:
@@ -142,6 +145,8 @@ class OpenAIIngress:
     """``/v1/chat/completions``, ``/v1/completions``, ``/v1/models`` and ``/v1/sessions/{id}`` over a
     ``RolloutServer`` handle."""
 
+    health_cache_s = 1.0  # /health asks Serve's controller at most this often per ingress replica
+
     def __init__(
         self,
         rollout: DeploymentHandle,
@@ -163,6 +168,7 @@ class OpenAIIngress:
         self.api_key = api_key  # BearerToken: compares in constant time, never prints its value (_authorized)
         self._store_name = f"tandem-sessions-{serve.get_replica_context().app_name}"
         self._store = self._session_store()
+        self._health: tuple[float, int] = (float("-inf"), 0)  # (when asked, rollout replicas running)
 
     def _session_store(self) -> Any:
         # One per app, found by name; owned by the replica that created it first (a later replica or a restarted
@@ -177,6 +183,29 @@ class OpenAIIngress:
                            self._store_name)
             self._store = self._session_store()
             return await getattr(self._store, method).remote(*args)
+
+    @app.get("/health", responses=HEALTH_RESPONSES)
+    async def health(self) -> dict[str, Any]:
+        """Readiness: 200 once a rollout replica of this app is running, 503 before. The ingress answers HTTP as soon
+        as it is up, while a rollout replica may still be building its engine (vLLM's CPU engine: about a minute);
+        a request sent then waits for it. Load balancers, Kubernetes probes and scripts wait on this route."""
+        running = await self._running_rollout_replicas()
+        if not running:
+            raise HTTPException(503, f"no replica of {self.rollout.deployment_name} is running yet (its engine may "
+                                     "still be building); ask again", headers={"Retry-After": "2"})
+        return {"status": "ok", "rollout_replicas": running}
+
+    async def _running_rollout_replicas(self) -> int:
+        asked, running = self._health
+        if time.monotonic() - asked < self.health_cache_s:
+            return running
+        app_name, deployment = self.rollout.app_name, self.rollout.deployment_name
+        status = await asyncio.to_thread(serve.status)  # a controller call: off the event loop
+        app_status = status.applications.get(app_name)
+        deployment_status = app_status.deployments.get(deployment) if app_status is not None else None
+        running = deployment_status.replica_states.get("RUNNING", 0) if deployment_status is not None else 0
+        self._health = (time.monotonic(), running)
+        return running
 
     @app.get("/v1/models", responses=ERROR_RESPONSES)
     async def models(self) -> dict[str, Any]:

@@ -55,6 +55,9 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 SESSION_RESPONSES: dict[int | str, dict[str, Any]] = {
     **ERROR_RESPONSES, 404: {"model": ErrorResponse, "description": "no calls recorded for the session"}}
+HEALTH_RESPONSES: dict[int | str, dict[str, Any]] = {
+    503: {"model": ErrorResponse, "description": "no rollout replica of the app is running yet (its engine is still "
+                                                 "being built) or none is left; ask again"}}
 GENERATE_RESPONSES: dict[int | str, dict[str, Any]] = {
     **ERROR_RESPONSES, 503: {"model": ErrorResponse, "description": "the engine aborted the request, or its rollout "
                                                                     "replicas died under it; retry it"}}

@@ -18,9 +18,9 @@ def test_generated_requests_get_no_5xx_and_answers_on_the_schema(rollout_app):
     problems = report.server_errors + report.schema_errors + report.transport_errors
     assert not problems, "\n".join(problems[:10])
     assert report.healthy_after and report.session_intact, report.summary()
-    # every route of the schema: /v1/{chat/completions,completions,models,sessions/{id}} and the three under Agent
-    # Lightning 0.3.x's /rollout/{rollout_id}/attempt/{attempt_id} prefix
-    assert report.requests == 400 and len(report.by_route) == 7, report.summary()
+    # every route of the schema: /health, /v1/{chat/completions,completions,models,sessions/{id}} and the three under
+    # Agent Lightning 0.3.x's /rollout/{rollout_id}/attempt/{attempt_id} prefix
+    assert report.requests == 400 and len(report.by_route) == 8, report.summary()
     # the generated requests reached the handlers too: not only validation errors and 401s
     assert report.by_status[200] > 0 and report.by_status[400] > 0 and report.by_status[401] > 0, report.summary()
 
