@@ -47,7 +47,9 @@ demo-sql: $(STAMP)
 
 # unit + integration; gpu tests skip themselves with a reason when no GPU is present. Two xdist workers: the tests that
 # start their own Ray clusters (marker own_cluster) beside the rest, which share one session cluster (tests/conftest.py).
-test: $(STAMP) agl-venv agl03-venv
+# The three environments install side by side (-j3): each pip is mostly one core's unpacking and download waits.
+test:
+	$(MAKE) --no-print-directory -j3 $(STAMP) agl-venv agl03-venv
 	$(BIN)/python -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS); code=$$?; \
 	echo "make test: $$(( $$(date +%s) - $(STARTED) )) s wall, install included (exit $$code)"; exit $$code
 
@@ -76,10 +78,11 @@ fuzz-api: $(STAMP)
 test-vllm:
 	bash scripts/test_vllm.sh
 
-# every benchmark, then one table: benchmark, ratio, goal, PASS/FAIL (computed by each benchmark)
+# every benchmark, then one table: benchmark, ratio, goal, PASS/FAIL (computed by each benchmark); ARGS="--only NAME ..."
+# or ARGS="--skip NAME ..." runs a part (the results file and the docs page name the selection)
 bench: $(STAMP) trl-venv
 	$(BIN)/pip install -q -r requirements/load.txt $(QUIET_PIP)
-	$(BIN)/python -m benchmarks.run_all
+	$(BIN)/python -m benchmarks.run_all $(ARGS)
 
 # TRL's GRPOTrainer beside tandem-rl on the demo task (benchmarks.peer_trl; TRL in its own .venv-trl; ~30 min a seed,
 # 3 seeds by default; each seed's figures are kept: ARGS='--seeds 3 --report 1 2' runs seed 3, reports over 1-3)

@@ -25,7 +25,8 @@ its latency: the TTFT column compares the time to the first byte, not token stre
 clients: output tokens/s ≥ 1.0× vLLM's with p99 latency no worse. Traffic goes to 127.0.0.1 only; every run has a
 time limit and a request cap. Under each tandem-rl level, its engine's counters over the level (seconds decoding,
 prefilling and merging batches, decode steps and rows per step) say where the replica's time went; under vLLM's,
-its engine steps and tokens per step from its Prometheus counters.
+its engine steps and tokens per step from its Prometheus counters. A last line per level splits the box's CPU seconds
+by process (load generator, Serve proxy, ingress, rollout replica, vLLM's API server and engine processes, Ray).
 """
 
 from __future__ import annotations
@@ -119,10 +120,11 @@ def run_level(server: str, url: str, token: str, users: int, seconds: float, out
     command = [str(BIN / "locust"), "-f", str(ROOT / "benchmarks" / "serve_load_user.py"), "--headless",
                "-u", str(users), "-r", str(users), "-t", f"{int(seconds)}s", "--stop-timeout", "300",
                "--host", url, "--only-summary", "--loglevel", "WARNING"]
-    started = time.monotonic()
+    started, cpu_before = time.monotonic(), cpu_seconds_by_process()
     subprocess.run(command, env=env, cwd=ROOT, timeout=seconds + 420, stdout=subprocess.DEVNULL,
                    stderr=(out / f"{server}-{users}.locust.log").open("w"))
     wall = time.monotonic() - started
+    cpu = cpu_profile(cpu_before, cpu_seconds_by_process(), wall)
     rows = [json.loads(line) for line in records.read_text().splitlines()] if records.is_file() else []
     level = summarize(server, users, min(seconds, wall), rows)  # the window: --seconds from the first start
     print(f"  {server:>6} {users:>3} clients: {level.requests_per_s:6.2f} req/s, {level.tokens_per_s:7.1f} output "
@@ -131,7 +133,41 @@ def run_level(server: str, url: str, token: str, users: int, seconds: float, out
     if stats is not None:
         profile = engine_profile if server == "tandem" else vllm_profile
         print(f"         {profile(before, stats(), wall)}", flush=True)
+    print(f"         {cpu}", flush=True)
     return level
+
+
+# Whose process spends the cores, by what its command line (Ray's and vLLM's process titles) says; first match wins.
+CPU_ROLES = (("locust", "load generator"), ("ProxyActor", "Serve proxy"), ("OpenAIIngress", "ingress"),
+             ("RolloutServer", "rollout replica"), ("VLLM::", "vLLM engine processes"),
+             ("vllm.entrypoints", "vLLM API server"), ("ServeController", "Serve controller"),
+             ("ray::", "other Ray workers"), ("raylet", "Ray daemons"), ("gcs_server", "Ray daemons"),
+             ("dashboard", "Ray daemons"), ("/ray/", "Ray daemons"))
+
+
+def cpu_seconds_by_process() -> dict[int, tuple[str, float]]:
+    """Every process's (role, user + system CPU seconds) now, keyed by pid."""
+    import psutil
+
+    seen = {}
+    for proc in psutil.process_iter(["cmdline", "cpu_times"]):
+        times, cmdline = proc.info["cpu_times"], " ".join(proc.info["cmdline"] or ())
+        if times is None:
+            continue
+        role = next((name for key, name in CPU_ROLES if key in cmdline), "other")
+        seen[proc.pid] = (role, times.user + times.system)
+    return seen
+
+
+def cpu_profile(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], seconds: float) -> str:
+    """CPU seconds each role used over the level (processes that started during it count whole; ones that ended
+    during it are missed), against the cores' capacity over the same wall time."""
+    by_role: Counter = Counter()
+    for pid, (role, used) in after.items():
+        by_role[role] += used - (before[pid][1] if pid in before and before[pid][0] == role else 0.0)
+    total, capacity = sum(by_role.values()), seconds * (os.cpu_count() or 1)
+    parts = ", ".join(f"{role} {used:.0f}s" for role, used in by_role.most_common() if used >= 0.5)
+    return f"cpu: {total:.0f}s used of {capacity:.0f}s ({os.cpu_count()} cores x {seconds:.0f}s): {parts}"
 
 
 def _wait_http(url: str, headers: dict[str, str], timeout_s: float, what: str, proc=None) -> None:

@@ -59,3 +59,14 @@ def test_a_decode_steps_operators_are_grouped_and_the_rest_is_time_outside_them(
 
     others = top_others({"aten::addmm": 500.0, "aten::mul": 50.0, "aten::add": 100.0}, 1000.0)
     assert others == "aten::add 10%, aten::mul 5%"  # the matrix product is not an "other" operator
+
+
+def test_cpu_profile_splits_the_levels_cpu_seconds_by_role_counting_new_processes_whole():
+    from benchmarks.serve_load import cpu_profile
+
+    before = {10: ("ingress", 5.0), 11: ("rollout replica", 100.0), 12: ("other", 1.0)}
+    after = {10: ("ingress", 25.0), 11: ("rollout replica", 250.0), 13: ("load generator", 30.0),
+             14: ("ingress", 0.2)}  # 12 ended during the level (missed); 14 used too little to be named
+    line = cpu_profile(before, after, 100.0)
+    assert "rollout replica 150s, load generator 30s, ingress 20s" in line and "other" not in line
+    assert line.startswith("cpu: 200s used of ")
