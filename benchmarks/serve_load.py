@@ -120,11 +120,13 @@ def run_level(server: str, url: str, token: str, users: int, seconds: float, out
     command = [str(BIN / "locust"), "-f", str(ROOT / "benchmarks" / "serve_load_user.py"), "--headless",
                "-u", str(users), "-r", str(users), "-t", f"{int(seconds)}s", "--stop-timeout", "300",
                "--host", url, "--only-summary", "--loglevel", "WARNING"]
-    started, cpu_before = time.monotonic(), cpu_seconds_by_process()
+    started, cpu_before, load_before = time.monotonic(), cpu_seconds_by_process(), _children_cpu_s()
     subprocess.run(command, env=env, cwd=ROOT, timeout=seconds + 420, stdout=subprocess.DEVNULL,
                    stderr=(out / f"{server}-{users}.locust.log").open("w"))
     wall = time.monotonic() - started
-    cpu = cpu_profile(cpu_before, cpu_seconds_by_process(), wall)
+    cpu_after = cpu_seconds_by_process()
+    cpu_after[-1] = ("load generator", _children_cpu_s() - load_before)  # locust has exited: its own rusage
+    cpu = cpu_profile(cpu_before, cpu_after, wall)
     rows = [json.loads(line) for line in records.read_text().splitlines()] if records.is_file() else []
     level = summarize(server, users, min(seconds, wall), rows)  # the window: --seconds from the first start
     print(f"  {server:>6} {users:>3} clients: {level.requests_per_s:6.2f} req/s, {level.tokens_per_s:7.1f} output "
@@ -143,6 +145,14 @@ CPU_ROLES = (("locust", "load generator"), ("ProxyActor", "Serve proxy"), ("Open
              ("vllm.entrypoints", "vLLM API server"), ("ServeController", "Serve controller"),
              ("ray::", "other Ray workers"), ("raylet", "Ray daemons"), ("gcs_server", "Ray daemons"),
              ("dashboard", "Ray daemons"), ("/ray/", "Ray daemons"))
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds of this process's children that have ended and been waited for (the level's locust run)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def cpu_seconds_by_process() -> dict[int, tuple[str, float]]:
