@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-RATIO = re.compile(r"(\d+(?:\.\d+)?)x")
+RATIO = re.compile(r"(\d+(?:\.\d+)?)x\b")  # "0.52x", not the "5x" of "5xx 0"
 VERDICT = re.compile(r"\b(PASS|FAIL)\b")
 
 

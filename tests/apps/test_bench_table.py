@@ -13,6 +13,8 @@ def test_rows_come_from_the_last_line_and_the_modules_goal():
     assert (row["ratio"], row["verdict"], row["time"]) == ("1.43x", "FAIL", "12s")
     assert row["goal"].startswith("stream/sync trained tokens/s >= 2.0x")
     assert summarize("routing", ["sticky share 1.000\n"], 0, 1.0)["verdict"] == "-"
+    fuzz = summarize("fuzz_api", ["fuzz-api: 2000 requests; 5xx 0, off-schema 0; PASS (0 answers 5xx)\n"], 0, 1.0)
+    assert fuzz["ratio"] == "-" and fuzz["verdict"] == "PASS"  # "5xx" holds no ratio
     assert summarize("routing", ["Traceback ...\n"], 1, 1.0)["verdict"] == "ERROR"
     assert goal_of("routing") == "-"
 
