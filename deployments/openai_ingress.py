@@ -142,7 +142,7 @@ async def _openai_validation_error(request: Request, exc: RequestValidationError
 @serve.deployment(name="OpenAIIngress", num_replicas=1, ray_actor_options={"num_cpus": 0.1})
 @serve.ingress(app)
 class OpenAIIngress:
-    """``/v1/chat/completions``, ``/v1/completions``, ``/v1/models`` and ``/v1/sessions/{id}`` over a
+    """``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, ``/v1/sessions/{id}`` and ``/health`` over a
     ``RolloutServer`` handle."""
 
     health_cache_s = 1.0  # /health asks Serve's controller at most this often per ingress replica
@@ -200,7 +200,11 @@ class OpenAIIngress:
         if time.monotonic() - asked < self.health_cache_s:
             return running
         app_name, deployment = self.rollout.app_name, self.rollout.deployment_name
-        status = await asyncio.to_thread(serve.status)  # a controller call: off the event loop
+        try:
+            status = await asyncio.to_thread(serve.status)  # a controller call: off the event loop
+        except Exception:  # a controller that does not answer (restarting): not ready, never a 500
+            logger.warning("/health: Serve's controller did not answer", exc_info=True)
+            return 0
         app_status = status.applications.get(app_name)
         deployment_status = app_status.deployments.get(deployment) if app_status is not None else None
         running = deployment_status.replica_states.get("RUNNING", 0) if deployment_status is not None else 0

@@ -59,3 +59,12 @@ def test_health_asks_serve_at_most_once_a_second(monkeypatch):
     assert [health() for _ in range(5)] == [{"status": "ok", "rollout_replicas": 2}] * 5
     assert len(asked) == 1
 
+
+
+def test_a_controller_that_does_not_answer_is_a_503_not_a_500(monkeypatch):
+    def status():
+        raise TimeoutError("controller restarting")
+    monkeypatch.setattr(openai_ingress.serve, "status", status)
+    with pytest.raises(HTTPException) as info:
+        _ingress()()
+    assert info.value.status_code == 503
