@@ -35,6 +35,7 @@ from tests.ray_head import BIN, free_port, ray_head, ray_node, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.own_cluster]
 ROOT = Path(__file__).resolve().parents[2]
+NEVER_REACHED = 500  # the stopped job's step count: far more than it trains before ray job stop lands
 
 
 @pytest.fixture
@@ -122,8 +123,10 @@ def test_ray_job_submit_on_a_two_node_cluster_batch_synchronous_on_vllm(tmp_path
 def test_ray_job_stop_ends_the_run_gracefully_and_a_resubmitted_job_resumes_from_its_checkpoint(tmp_path, job_root):
     """``ray job stop`` sends SIGTERM to the job's driver and SIGKILLs it ``RAY_JOB_STOP_WAIT_TIME_S`` later (Ray's
     default is 3 s, too short to stop a run's workers and delete its rollout app: the cluster here sets 60, as the
-    docs tell operators to). The stopped run keeps its newest checkpoint; the same job submitted again resumes there
-    and reaches the last step with one metrics row per step."""
+    docs tell operators to). The stopped run keeps its newest checkpoint; the same job submitted again, with its step
+    count raised to two past where the stop left it, resumes there and reaches the last step with one metrics row per
+    step. The first job asks for far more steps than it can train before the stop lands (the tiny model's steps take
+    seconds, and on a loaded box ``ray job stop`` itself took longer than the six steps an 8-step job had left)."""
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PYTHONPATH")}
     env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", RAY_AUTH_MODE="token",
                RAY_AUTH_TOKEN=secrets.token_hex(32), RAY_JOB_STOP_WAIT_TIME_S="60")
@@ -131,8 +134,8 @@ def test_ray_job_stop_ends_the_run_gracefully_and_a_resubmitted_job_resumes_from
     with ray_head(tmp_path / "ray_start.log", num_cpus=4, env=env, cwd=ROOT, resources={"head_node": 8}) as head:
         ray_job = [BIN / "ray", "job"]
         stopped_id = f"tandem-job-stop-{secrets.token_hex(3)}"
-        proc = _submit(head, job_root, stopped_id, "stopped", "trainer.total_training_steps=8", "trainer.save_freq=1",
-                       wait=False)
+        proc = _submit(head, job_root, stopped_id, "stopped", f"trainer.total_training_steps={NEVER_REACHED}",
+                       "trainer.save_freq=1", wait=False)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
         def trained_two_steps() -> bool:
@@ -153,17 +156,19 @@ def test_ray_job_stop_ends_the_run_gracefully_and_a_resubmitted_job_resumes_from
         assert "SIGTERM received" not in logs  # Ray's failure-signal handler (stack dump, exit 134) did not run
         assert "total wall time" in logs, logs[-4000:]  # the graceful path finished before the SIGKILL deadline
         done = sorted(int(json.loads(line)["step"]) for line in (run_dir / "learner_metrics.jsonl").open())
-        assert done and done[-1] < 8, done  # stopped before the last step
+        assert done and done[-1] < NEVER_REACHED, done  # stopped before the last step
+        total = done[-1] + 2  # the resumed job trains past what the stopped one did
 
         resumed_id = f"tandem-job-resume-{secrets.token_hex(3)}"
-        proc = _submit(head, job_root, resumed_id, "stopped", "trainer.total_training_steps=8", "trainer.save_freq=1")
+        proc = _submit(head, job_root, resumed_id, "stopped", f"trainer.total_training_steps={total}",
+                       "trainer.save_freq=1")
         _succeeded(head, proc, resumed_id)
         out = proc.stdout + proc.stderr
         assert re.search(r"resuming from the step-\d+ checkpoint", out), out[-4000:]
         # the stopped job deleted its rollout app: the resubmitted one deployed its own instead of attaching
         assert "deployed rollout app" in out and "attached to rollout app" not in out, out[-4000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [int(r["step"]) for r in rows if "policy_version" in r] == list(range(1, 9)), rows
-    # versions never go back: the resumed run's last adapter is at version 8 or later (a restore may take a version)
+    assert [int(r["step"]) for r in rows if "policy_version" in r] == list(range(1, total + 1)), rows
+    # versions never go back: the resumed run's last adapter is at version `total` or later (a restore may take one)
     last = max(int(p.name[1:]) for p in (run_dir / "adapters").glob("v*"))
-    assert last >= 8 and (run_dir / "adapters" / f"v{last}" / "adapter_model.safetensors").is_file()
+    assert last >= total and (run_dir / "adapters" / f"v{last}" / "adapter_model.safetensors").is_file()
