@@ -228,7 +228,7 @@ def tandem_app(model: Path, token: str, out: Path, dtype: str, autoscaling: dict
                        stdout=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{port}"
         # the ingress answers HTTP before a rollout replica has built its engine (vLLM's takes ~1 min here): the load
-        # starts once /health says a replica runs, as vllm serve's /health answers once its engine is up
+        # starts once /health says a replica runs, as vllm serve answers nothing until its engine is up
         _wait_http(f"{url}/health", {}, 900, "tandem-rl's rollout app")
         yield url, head
 
