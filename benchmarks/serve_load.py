@@ -140,7 +140,9 @@ def run_level(server: str, url: str, token: str, users: int, seconds: float, out
 
 
 # Whose process spends the cores, by what its command line (Ray's and vLLM's process titles) says; first match wins.
-CPU_ROLES = (("locust", "load generator"), ("ProxyActor", "Serve proxy"), ("OpenAIIngress", "ingress"),
+# (The load generator is not here: locust starts after the first reading and has exited by the second; run_level
+# counts it from its rusage.)
+CPU_ROLES = (("ProxyActor", "Serve proxy"), ("OpenAIIngress", "ingress"),
              ("RolloutServer", "rollout replica"), ("VLLM::", "vLLM engine processes"),
              ("vllm.entrypoints", "vLLM API server"), ("ServeController", "Serve controller"),
              ("ray::", "other Ray workers"), ("raylet", "Ray daemons"), ("gcs_server", "Ray daemons"),
