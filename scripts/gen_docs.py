@@ -33,6 +33,7 @@ from configs.schema import TandemConfig  # noqa: E402
 CONFIG_PAGE = ROOT / "docs" / "reference" / "configuration.md"
 BENCH_PAGE = ROOT / "docs" / "benchmarks.md"
 RESULTS = ROOT / "runs" / "bench" / "results.json"
+PEERS_REPORT = ROOT / "runs" / "peer-trl" / "report.txt"  # benchmarks.peer_trl's last table (make bench-peers)
 
 
 def fields(cls: type[Section] = TandemConfig, prefix: str = "") -> Iterator[tuple[str, str, type[Section], Any]]:
@@ -190,6 +191,11 @@ def benchmarks_page(results_path: Path) -> str:
             lines.append(f"| `{row['name']}` | {row['ratio']} | {_cell(row['goal'])} | **{row['verdict']}** "
                          f"| {row['seconds']:.0f} | {_cell(row['last_line'])} |")
         lines.append("")
+    peers = PEERS_REPORT
+    if peers.is_file():
+        lines += ["## Side by side with TRL", "",
+                  f"The last table of `benchmarks/peer_trl.py` (`{_shown(peers)}`), as it printed it:", "",
+                  "```text", peers.read_text().rstrip(), "```", ""]
     lines += ["## What each benchmark compares", "", "From each module's docstring.", "",
               "| benchmark | compares |", "|---|---|"]
     lines += [f"| `benchmarks/{name}.py` | {benchmark_summary(name)} |" for name in names]

