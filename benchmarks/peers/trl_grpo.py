@@ -443,7 +443,10 @@ def main(argv=None) -> int:
                 dt = step_times[-1] if step_times else float("nan")
                 print(f"[step {state.global_step}] {dt:.1f}s  " + "  ".join(
                     f"{k} {logs[k]:.3f}" for k in keys if isinstance(logs.get(k), (int, float))), flush=True)
-                print(f"[profile {state.global_step}] " + "  ".join(f"{k} {v:.1f}s" for k, v in spent.items()), flush=True)
+                generation = spent.get("generate+score", 0.0)  # training_step calls it on a step's first micro-batch
+                print(f"[profile {state.global_step}] generation and reward {generation:.1f}s (tool turns "
+                      f"{spent.get('tool loop', 0.0):.1f}s of it), forward/backward "
+                      f"{spent.get('training_step', 0.0) - generation:.1f}s", flush=True)
                 spent.clear()
 
     trainer = GRPOTrainer(model=model, reward_funcs=make_reward(tok, prompt_len), args=cfg, train_dataset=ds,
@@ -457,10 +460,10 @@ def main(argv=None) -> int:
                 spent[name] = spent.get(name, 0.0) + time.perf_counter() - t
         return wrapper
 
-    # where a TRL step's time goes: generation + scoring (the tool loop, with its own generate calls, inside it),
-    # and the forward/backward passes
-    for phase, attr in (("generate+score", "_generate_and_score_completions"), ("generate calls", "_generate_single_turn"),
-                        ("tool loop", "_tool_call_loop"), ("train fwd+bwd", "training_step")):
+    # where a TRL step's time goes: generation + reward (the tool loop, with its own generate calls, inside it), and
+    # the forward/backward passes (training_step, less the generation its first micro-batch triggers)
+    for phase, attr in (("generate+score", "_generate_and_score_completions"), ("tool loop", "_tool_call_loop"),
+                        ("training_step", "training_step")):
         setattr(trainer, attr, timed(phase, getattr(trainer, attr)))
     print(f"[trl] chat template replaced for training: {trainer.chat_template is not None}; "
           f"generation batch {cfg.generation_batch_size}, steps_per_generation {cfg.steps_per_generation}, "
