@@ -191,11 +191,10 @@ def benchmarks_page(results_path: Path) -> str:
             lines.append(f"| `{row['name']}` | {row['ratio']} | {_cell(row['goal'])} | **{row['verdict']}** "
                          f"| {row['seconds']:.0f} | {_cell(row['last_line'])} |")
         lines.append("")
-    peers = PEERS_REPORT
-    if peers.is_file():
+    if PEERS_REPORT.is_file():
         lines += ["## Side by side with TRL", "",
-                  f"The last table of `benchmarks/peer_trl.py` (`{_shown(peers)}`), as it printed it:", "",
-                  "```text", peers.read_text().rstrip(), "```", ""]
+                  f"The last table of `benchmarks/peer_trl.py` (`{_shown(PEERS_REPORT)}`), as it printed it:", "",
+                  "```text", PEERS_REPORT.read_text().rstrip(), "```", ""]
     lines += ["## What each benchmark compares", "", "From each module's docstring.", "",
               "| benchmark | compares |", "|---|---|"]
     lines += [f"| `benchmarks/{name}.py` | {benchmark_summary(name)} |" for name in names]
