@@ -98,17 +98,28 @@ def ray_head(log_path: Path, num_cpus: int, env: dict[str, str], cwd: Path,
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
+# Ray gives a joining node's raylet a fixed 30 s to register with GCS (ray/_private/node.py, not configurable); on a
+# 2-core box saturated by the other xdist worker (load average 24 measured) one fresh-clone run's second node missed it
+# ("The current node timed out during startup"). Such a node is started once more; any other exit fails at once.
+REGISTRATION_TIMEOUT = "The current node timed out during startup"
+
+
 @contextlib.contextmanager
-def ray_node(head: RayHead, log_path: Path, num_cpus: int, resources: dict[str, float], cwd: Path) -> Iterator[str]:
+def ray_node(head: RayHead, log_path: Path, num_cpus: int, resources: dict[str, float], cwd: Path,
+             attempts: int = 2) -> Iterator[str]:
     """A second node joining ``head`` with its own custom ``resources``, started in ``cwd``; yields its node id."""
 
-    with open(log_path, "w") as log:
-        node = subprocess.Popen(
-            [BIN / "ray", "start", f"--address={head.gcs_address}", "--block", f"--num-cpus={num_cpus}",
-             f"--resources={json.dumps(resources)}", "--node-ip-address=127.0.0.1", "--disable-usage-stats",
-             *(f"{flag}={port}" for flag, port in _agent_ports().items())],
-            cwd=cwd, env={**head.env, **NO_DRAIN}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
+    def start() -> subprocess.Popen:
+        with open(log_path, "a") as log:
+            return subprocess.Popen(
+                [BIN / "ray", "start", f"--address={head.gcs_address}", "--block", f"--num-cpus={num_cpus}",
+                 f"--resources={json.dumps(resources)}", "--node-ip-address=127.0.0.1", "--disable-usage-stats",
+                 *(f"{flag}={port}" for flag, port in _agent_ports().items())],
+                cwd=cwd, env={**head.env, **NO_DRAIN}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+
+    log_path.write_text("")
+    node, tries = start(), 1
     try:
         name = next(iter(resources))
         probe = [str(BIN / "python"), "-c", "import ray, json; ray.init(address='%s', logging_level='ERROR'); "
@@ -116,12 +127,18 @@ def ray_node(head: RayHead, log_path: Path, num_cpus: int, resources: dict[str, 
                  % (head.gcs_address, name)]
 
         def joined() -> str | None:
+            nonlocal node, tries
+            if node.poll() is not None and tries < attempts and REGISTRATION_TIMEOUT in log_path.read_text():
+                print("ray start (second node) missed Ray's 30 s registration deadline; starting it again")
+                _stop(node)
+                node, tries = start(), tries + 1
+                return None
             assert node.poll() is None, f"ray start exited with {node.returncode}:\n{log_path.read_text()[-3000:]}"
             out = subprocess.run(probe, env=head.env, capture_output=True, text=True, timeout=120).stdout
             ids = json.loads(out.strip().splitlines()[-1]) if out.strip() else []
             return ids[0] if ids else None
 
-        yield wait_for(joined, 120, "second Ray node joined")
+        yield wait_for(joined, 120 * attempts, "second Ray node joined")
     finally:
         _stop(node)
 
