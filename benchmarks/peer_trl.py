@@ -80,10 +80,9 @@ def prepare() -> str:
     cfg = load_config("configs/demo_cpu.yaml", [])
     demo.prepare_base_model(Path(cfg.sft.base_model))
     demo.cold_start(cfg, demo.write_data(cfg, cfg.trainer.seed))
-    import ray
-
-    if ray.is_initialized():  # the cold start's local cluster (~20 processes: its dashboard, Ray Train's controller…)
-        ray.shutdown()        # would otherwise idle beside every timed run, on both sides
+    ray = sys.modules.get("ray")  # imported only by a cold start that ran
+    if ray is not None and ray.is_initialized():  # its local cluster (~20 processes: the dashboard, Ray Train's
+        ray.shutdown()                            # controller…) would otherwise idle beside every timed run
     return sha256(SFT)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -37,7 +38,8 @@ ROLES = (
     ("AdapterPublisher", "tandem-rl's actors"), ("MetricsSink", "tandem-rl's actors"),
     ("TrajectoryBuffer", "tandem-rl's actors"), ("Coordinator", "tandem-rl's actors"),
     ("AdapterRegistry", "tandem-rl's actors"), ("SessionStore", "tandem-rl's actors"),
-    ("ray::IDLE", "idle Ray workers"), ("ray::", "other Ray workers"),
+    # a Ray worker before it sets its title (it is then ray::IDLE, later the actor's name)
+    ("ray::IDLE", "idle Ray workers"), ("default_worker.py", "idle Ray workers"), ("ray::", "other Ray workers"),
     ("raylet", "Ray daemons"), ("gcs_server", "Ray daemons"), ("dashboard", "Ray daemons"), ("/ray/", "Ray daemons"),
 )
 # console lines that mark a stage: (text in the line, milestone)
@@ -119,20 +121,51 @@ def report(step1_s: float, milestones: dict[str, float], sample: dict[int, tuple
             f"({total / max(cores * step1_s, 1e-9):.0%} of the cores)"]
 
 
+def run_job(cmd: list[str], log_path: Path, metrics: Path) -> tuple[int, dict[str, float], dict[int, float], Sampler]:
+    """Run the job with every process sampled; its exit code, the console milestones (seconds from launch), when each
+    step's metrics row landed (time.time()) and the sampler. Ctrl-C or an error here kills the job and its local Ray
+    cluster (its process group)."""
+    import psutil
+
+    from benchmarks.peer_trl import RowClock
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}  # console lines stamped as they come
+    env.pop("RAY_ADDRESS", None)
+    sampler = Sampler({p.pid for p in psutil.process_iter()})
+    clock = RowClock(metrics)
+    milestones: dict[str, float] = {}
+    code = -1
+    with log_path.open("w") as log, subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+            start_new_session=True) as proc:
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                log.write(line)
+                now = time.time() - sampler.started
+                for text, name in MILESTONES:
+                    if text in line:
+                        milestones.setdefault(name, now)
+            code = proc.wait()
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            sampler.stop()
+            landed = clock.stop()
+    return code, milestones, landed, sampler
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, help="model folder (default: the tiny test model, built in a temp dir)")
     parser.add_argument("--config", default="configs/demo_cpu.yaml")
     parser.add_argument("overrides", nargs="*", help="apps.train overrides, after the short job's")
     args = parser.parse_args(argv)
-    import psutil
-
     from agents.data import arithmetic
     from agents.data.rows import validate_row, write_parquet
-    from benchmarks.peer_trl import RowClock
 
     out = Path(tempfile.mkdtemp(prefix="startup-profile-"))
-    model = args.model
+    model = args.model.resolve() if args.model else None  # the job runs in the repository root
     if model is None:
         from apps.make_tiny_model import build_tiny_model
 
@@ -149,24 +182,7 @@ def main(argv: list[str] | None = None) -> int:
            "data.max_response_length=48", "sft.enabled=false",
            f"tracking.mlflow_tracking_uri=sqlite:///{out / 'mlruns.db'}", "serve.app_name=startup-profile",
            *args.overrides]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("RAY_ADDRESS", None)
-    sampler = Sampler({p.pid for p in psutil.process_iter()})
-    clock = RowClock(run_dir / "metrics.jsonl")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    milestones: dict[str, float] = {}
-    log = (out / "train.log").open("w")
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        log.write(line)
-        now = time.time() - sampler.started
-        for text, name in MILESTONES:
-            if text in line:
-                milestones.setdefault(name, now)
-    code = proc.wait()
-    sampler.stop()
-    landed = clock.stop()
-    log.close()
+    code, milestones, landed, sampler = run_job(cmd, out / "train.log", run_dir / "metrics.jsonl")
     first_ray = next((when for when, sample in sampler.samples
                       if any(role == "Ray daemons" for role, _, _ in sample.values())), None)
     if first_ray is not None:

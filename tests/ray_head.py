@@ -51,11 +51,14 @@ class RayHead:
     env: dict[str, str]  # what the CLIs need: this venv first on PATH, auth settings
 
 
+POLL_S = 2.0  # how often wait_for asks
+
+
 def wait_for(check: Callable[[], object], timeout_s: float, what: str) -> object:
     deadline = time.monotonic() + timeout_s
     while not (result := check()):
         assert time.monotonic() < deadline, f"{what} not reached within {timeout_s} s"
-        time.sleep(2)
+        time.sleep(POLL_S)
     return result
 
 
@@ -107,33 +110,38 @@ REGISTRATION_TIMEOUT = "The current node timed out during startup"
 @contextlib.contextmanager
 def ray_node(head: RayHead, log_path: Path, num_cpus: int, resources: dict[str, float], cwd: Path,
              attempts: int = 2) -> Iterator[str]:
-    """A second node joining ``head`` with its own custom ``resources``, started in ``cwd``; yields its node id."""
+    """A second node joining ``head`` with its own custom ``resources``, started in ``cwd``; yields its node id. A
+    start that missed Ray's registration deadline is made again, up to ``attempts`` starts; each start has its own
+    node-manager port, and the node found is the one on the last start's port (an earlier start's raylet that
+    registered late and was killed stays "alive" in GCS until its health check fails)."""
 
-    def start() -> subprocess.Popen:
+    def start() -> tuple[subprocess.Popen, int, int]:
+        port, offset = free_port(), log_path.stat().st_size
         with open(log_path, "a") as log:
             return subprocess.Popen(
                 [BIN / "ray", "start", f"--address={head.gcs_address}", "--block", f"--num-cpus={num_cpus}",
                  f"--resources={json.dumps(resources)}", "--node-ip-address=127.0.0.1", "--disable-usage-stats",
-                 *(f"{flag}={port}" for flag, port in _agent_ports().items())],
+                 f"--node-manager-port={port}", *(f"{flag}={p}" for flag, p in _agent_ports().items())],
                 cwd=cwd, env={**head.env, **NO_DRAIN}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )
+            ), port, offset
 
     log_path.write_text("")
-    node, tries = start(), 1
+    (node, port, offset), tries = start(), 1
     try:
         name = next(iter(resources))
-        probe = [str(BIN / "python"), "-c", "import ray, json; ray.init(address='%s', logging_level='ERROR'); "
-                 "print(json.dumps([n['NodeID'] for n in ray.nodes() if n['Alive'] and '%s' in n['Resources']]))"
-                 % (head.gcs_address, name)]
 
         def joined() -> str | None:
-            nonlocal node, tries
-            if node.poll() is not None and tries < attempts and REGISTRATION_TIMEOUT in log_path.read_text():
+            nonlocal node, port, offset, tries
+            this_start = log_path.read_text()[offset:]
+            if node.poll() is not None and tries < attempts and REGISTRATION_TIMEOUT in this_start:
                 print("ray start (second node) missed Ray's 30 s registration deadline; starting it again")
                 _stop(node)
-                node, tries = start(), tries + 1
+                (node, port, offset), tries = start(), tries + 1
                 return None
-            assert node.poll() is None, f"ray start exited with {node.returncode}:\n{log_path.read_text()[-3000:]}"
+            assert node.poll() is None, f"ray start exited with {node.returncode}:\n{this_start[-3000:]}"
+            probe = [str(BIN / "python"), "-c", "import ray, json; ray.init(address='%s', logging_level='ERROR'); "
+                     "print(json.dumps([n['NodeID'] for n in ray.nodes() if n['Alive'] and '%s' in n['Resources'] "
+                     "and n['NodeManagerPort'] == %d]))" % (head.gcs_address, name, port)]
             out = subprocess.run(probe, env=head.env, capture_output=True, text=True, timeout=120).stdout
             ids = json.loads(out.strip().splitlines()[-1]) if out.strip() else []
             return ids[0] if ids else None

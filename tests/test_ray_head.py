@@ -4,7 +4,6 @@ any other failure. ``ray`` and ``python`` are stand-in scripts here (the real tw
 from __future__ import annotations
 
 import stat
-import time
 from pathlib import Path
 
 import pytest
@@ -12,18 +11,17 @@ import pytest
 from tests import ray_head
 
 pytestmark = pytest.mark.unit
-SLEEP = time.sleep
 
 
-def _fake_bin(tmp_path: Path, first_exit: str) -> Path:
+def _fake_bin(tmp_path: Path, first_exit: str, failing_starts: int = 1) -> Path:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     starts = tmp_path / "starts"
     scripts = {
-        # the first `ray start` prints `first_exit` and exits 1; a later one blocks, as `ray start --block` does
+        # the first `failing_starts` starts print `first_exit` and exit 1; a later one blocks, as `ray start --block` does
         "ray": f"""#!/bin/sh
 echo x >> {starts}
-if [ "$(wc -l < {starts})" = 1 ]; then echo "{first_exit}"; exit 1; fi
+if [ "$(wc -l < {starts})" -le {failing_starts} ]; then echo "{first_exit}"; exit 1; fi
 touch {tmp_path / "up"}
 exec sleep 60
 """,
@@ -42,15 +40,25 @@ def _head() -> ray_head.RayHead:
 
 def test_a_node_that_missed_the_registration_deadline_is_started_again(tmp_path, monkeypatch):
     monkeypatch.setattr(ray_head, "BIN", _fake_bin(tmp_path, f"Exception: {ray_head.REGISTRATION_TIMEOUT}. ..."))
-    monkeypatch.setattr(ray_head.time, "sleep", lambda s: SLEEP(0.05))
+    monkeypatch.setattr(ray_head, "POLL_S", 0.05)
     with ray_head.ray_node(_head(), tmp_path / "node.log", 1, {"node2": 1}, tmp_path) as node_id:
         assert node_id == "node-2"
     assert (tmp_path / "starts").read_text().count("x") == 2
 
 
+def test_starts_stop_after_the_attempts(tmp_path, monkeypatch):
+    timeout = f"Exception: {ray_head.REGISTRATION_TIMEOUT}. ..."
+    monkeypatch.setattr(ray_head, "BIN", _fake_bin(tmp_path, timeout, failing_starts=2))
+    monkeypatch.setattr(ray_head, "POLL_S", 0.05)
+    with pytest.raises(AssertionError, match="ray start exited with 1"):
+        with ray_head.ray_node(_head(), tmp_path / "node.log", 1, {"node2": 1}, tmp_path):
+            pass
+    assert (tmp_path / "starts").read_text().count("x") == 2
+
+
 def test_any_other_exit_fails_at_once(tmp_path, monkeypatch):
     monkeypatch.setattr(ray_head, "BIN", _fake_bin(tmp_path, "ValueError: bad --resources"))
-    monkeypatch.setattr(ray_head.time, "sleep", lambda s: SLEEP(0.05))
+    monkeypatch.setattr(ray_head, "POLL_S", 0.05)
     with pytest.raises(AssertionError, match="bad --resources"):
         with ray_head.ray_node(_head(), tmp_path / "node.log", 1, {"node2": 1}, tmp_path):
             pass

@@ -16,6 +16,9 @@ def test_roles_come_from_ray_process_titles_first_match_wins():
     assert role_of("ray::TrainController.run") == "Ray Train's actors"
     assert role_of("ray::AgentWorkerImpl.run_rows") == "agent workers"
     assert role_of("ray::IDLE") == "idle Ray workers"
+    # a worker before `import ray` has set its title: not a Ray daemon, though its path holds /ray/
+    assert role_of("/venv/bin/python /venv/lib/python3.11/site-packages/ray/_private/workers/default_worker.py "
+                   "--session-dir=/tmp/ray/session_1") == "idle Ray workers"
     assert role_of("ray::SomethingNew") == "other Ray workers"
     assert role_of("/venv/bin/python -m apps.train --config configs/demo_cpu.yaml") == "driver"
     assert role_of("/venv/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet --x") == "Ray daemons"

@@ -316,15 +316,15 @@ def test_float32_cpu_weights_are_packed_once_and_match_the_plain_forward(tiny_mo
     with torch.inference_mode():
         a, b = packed._model(input_ids=ids).logits, plain._model(input_ids=ids).logits
     assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)  # oneDNN's packed kernel: equal or within rounding, by CPU
-    # The packed copies are what multiply: with every plain (untied) Linear weight zeroed, the packed model's logits
-    # do not move, while the plain model's do. (Bit-equality of a and b says nothing either way: on some CPUs both
-    # paths run the same oneDNN kernel.)
+    # The packed copies are what multiply: with every plain Linear weight zeroed (the head's too, tied to the
+    # embedding: the inputs go in as embeddings taken before), the packed model's logits do not move, while the plain
+    # model's do. (Bit-equality of a and b says nothing either way: on some CPUs both paths run the same kernel.)
     with torch.inference_mode():
+        embeds = packed._model.get_input_embeddings()(ids)
         for engine in (packed, plain):
-            tied = engine._model.get_input_embeddings().weight
             for m in engine._model.modules():
-                if isinstance(m, torch.nn.Linear) and m.weight is not tied:
+                if isinstance(m, torch.nn.Linear):
                     m.weight.zero_()
-        assert torch.equal(packed._model(input_ids=ids).logits, a)
-        assert not torch.allclose(plain._model(input_ids=ids).logits, b, atol=1e-2)
+        assert torch.equal(packed._model(inputs_embeds=embeds).logits, a)
+        assert not torch.allclose(plain._model(inputs_embeds=embeds).logits, b, atol=1e-2)
     assert HFEngine(str(tiny_model_dir), max_model_len=64, dtype="bfloat16").packed_linears == 0
