@@ -23,24 +23,25 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from benchmarks.serve_load import CPU_ROLES
+
 ROOT = Path(__file__).resolve().parents[1]
 
-# First match wins: what a process's command line (Ray's process titles) says it is.
+# First match wins: what a process's command line (Ray's process titles) says it is. The roles of a training run, then
+# the serving roles benchmarks.serve_load names (Serve proxy and controller, ingress, rollout replica, Ray daemons).
 ROLES = (
     ("apps.train", "driver"),
     ("RayTrainWorker", "learner worker"),
     ("TrainController", "Ray Train's actors"), ("PlacementGroupCleaner", "Ray Train's actors"),
     ("DatasetManager", "Ray Train's actors"), ("SynchronizationActor", "Ray Train's actors"),
     ("_AutoscalingCoordinatorActor", "Ray Train's actors"),
-    ("RolloutServer", "rollout replica"), ("OpenAIIngress", "ingress"),
-    ("ServeController", "Serve controller"), ("ProxyActor", "Serve proxy"),
     ("AgentWorker", "agent workers"),
     ("AdapterPublisher", "tandem-rl's actors"), ("MetricsSink", "tandem-rl's actors"),
     ("TrajectoryBuffer", "tandem-rl's actors"), ("Coordinator", "tandem-rl's actors"),
     ("AdapterRegistry", "tandem-rl's actors"), ("SessionStore", "tandem-rl's actors"),
     # a Ray worker before it sets its title (it is then ray::IDLE, later the actor's name)
-    ("ray::IDLE", "idle Ray workers"), ("default_worker.py", "idle Ray workers"), ("ray::", "other Ray workers"),
-    ("raylet", "Ray daemons"), ("gcs_server", "Ray daemons"), ("dashboard", "Ray daemons"), ("/ray/", "Ray daemons"),
+    ("ray::IDLE", "idle Ray workers"), ("default_worker.py", "idle Ray workers"),
+    *CPU_ROLES,
 )
 # console lines that mark a stage: (text in the line, milestone)
 MILESTONES = (("Started Serve", "Serve started"), ("is ready at", "rollout app ready"))
