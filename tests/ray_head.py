@@ -62,10 +62,10 @@ def wait_for(check: Callable[[], object], timeout_s: float, what: str) -> object
     return result
 
 
-def _dashboard_up(url: str, token: str | None) -> bool:
+def _answers(url: str, token: str | None) -> bool:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        return httpx.get(f"{url}/api/version", headers=headers, timeout=5).status_code == 200
+        return httpx.get(url, headers=headers, timeout=5).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -93,7 +93,13 @@ def ray_head(log_path: Path, num_cpus: int, env: dict[str, str], cwd: Path,
     dashboard = f"http://127.0.0.1:{dash}"
     try:
         token = env.get("RAY_AUTH_TOKEN") if env.get("RAY_AUTH_MODE") == "token" else None
-        wait_for(lambda: _dashboard_up(dashboard, token) or head.poll() is not None, 180, "Ray dashboard up")
+        # The dashboard answering is not enough for `ray job submit`: the head's dashboard agent, a process of its own,
+        # runs the job, and the dashboard waits only 10 s for it (ray.dashboard.consts.WAIT_AVAILABLE_AGENT_TIMEOUT)
+        # before answering "No available agent to submit job" (a CI run submitted so on a loaded box). The agent
+        # registers itself right after its HTTP server starts: its health check answering is the cue.
+        agent = f"http://127.0.0.1:{ports['--dashboard-agent-listen-port']}/api/healthz"
+        wait_for(lambda: (_answers(f"{dashboard}/api/version", token) and _answers(agent, token))
+                 or head.poll() is not None, 180, "Ray dashboard and the head's dashboard agent up")
         assert head.poll() is None, f"ray start exited with {head.returncode}:\n{log_path.read_text()[-3000:]}"
         yield RayHead(f"127.0.0.1:{gcs}", dashboard, env)
     finally:
