@@ -56,8 +56,8 @@ def run(cfg: TandemConfig, root: Path | None = None) -> int:
     job.load_rows()
     job.check_cluster()
     job.start_learner()
-    job.deploy()
     job.start_agent_workers()
+    job.deploy()
     if not job.learning:
         return job.validate_only()
     job.admit()

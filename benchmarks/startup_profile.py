@@ -44,7 +44,8 @@ ROLES = (
     *CPU_ROLES,
 )
 # console lines that mark a stage: (text in the line, milestone)
-MILESTONES = (("Started Serve", "Serve started"), ("is ready at", "rollout app ready"))
+MILESTONES = (("Started Serve", "Serve started"), ("is ready at", "rollout app ready"),
+              ("GRPO steps:", "rows admitted"))  # the step bar opens once the coordinator admits rows
 
 
 def role_of(cmdline: str) -> str:

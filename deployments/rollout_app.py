@@ -281,8 +281,12 @@ def attach_rollout_app(
     return rollout_handle(app_name)
 
 
-def rollout_handle(app_name: str) -> DeploymentHandle:
-    """The ``RolloutServer`` handle of an app that is already running (``generate``, ``load_adapter``)."""
+def rollout_handle(app_name: str, *, deployed: bool = True) -> DeploymentHandle:
+    """The ``RolloutServer`` handle of an app that is already running (``generate``, ``load_adapter``); with
+    ``deployed=False`` of one being deployed: a handle only names its deployment and finds the replicas at its first
+    call (Serve's lookup would refuse a deployment not registered yet)."""
+    if not deployed:
+        return DeploymentHandle(ROLLOUT_DEPLOYMENT, app_name)
     return serve.get_deployment_handle(ROLLOUT_DEPLOYMENT, app_name=app_name)
 
 

@@ -1,10 +1,10 @@
 """The streaming GRPO run as named stages (orchestration layer); ``apps.train.run`` calls them in order.
 
 The data flow, stage by stage: rows (checked against the prompt budget) → the cluster checked → the learner (Ray Train
-GRPO in a thread, started first so its start-up overlaps the rest) → the rollout app (deployed, or attached to one
-``serve deploy`` made) → agent workers → admission (the coordinator hands admitted rows to the workers, whose groups
-fill the buffer the learner reads) → training, followed step by step → the finish (summary, accounting). Signals
-(``Terminated``) and the resolved-config file live here too: the run owns them.
+GRPO in a thread, started first so its start-up overlaps the rest) → agent workers (started next, for the same reason)
+→ the rollout app (deployed, or attached to one ``serve deploy`` made) → admission (the coordinator hands admitted
+rows to the workers, whose groups fill the buffer the learner reads) → training, followed step by step → the finish
+(summary, accounting). Signals (``Terminated``) and the resolved-config file live here too: the run owns them.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from configs import ConfigError, TandemConfig
 from deployments.access import token_from_env
 from deployments.agent_workers import AgentWorker, AgentWorkerSpec
 from deployments.rollout_app import (attach_rollout_app, delete_rollout_app, deploy_rollout_app, deployed_apps,
-                                     ingress_url)
+                                     ingress_url, rollout_handle)
 from observability.tracking import RunTracker, prepare_store
 from orchestration.cluster import check_cluster, on_this_node
 from orchestration.coordinator import CoordinatorActor
@@ -188,18 +188,11 @@ class TrainingRun:
         self.fit = threading.Thread(target=lambda: self.outcome.update(result=trainer.fit()), daemon=True)
         self.fit.start()
 
-    def deploy(self) -> None:
-        """The rollout engines: attach to an app deployed with ``serve deploy``, or deploy it; version 0 is the start
-        policy (the base model, or ``model.lora_adapter_path``)."""
-        cfg = self.cfg
-        base = AdapterRef(version=0, path=cfg.actor_rollout_ref.model.lora_adapter_path or "")
-        self.rollout = (attach_rollout_app(cfg.serve.app_name, base=base) if self.attached
-                        else deploy_rollout_app(cfg, base=base))
-        log.info("%s rollout app %r", "attached to" if self.attached else "deployed", cfg.serve.app_name)
-
     def start_agent_workers(self) -> None:
         """The agent workers (they call the rollout app, tools, and put finished groups in the buffer), the validator
-        and the reporter."""
+        and the reporter. Started before the rollout app is deployed, as the learner is: each worker's start-up
+        (process, imports, tokenizer: ~10 CPU-s) overlaps the deploy; their handle finds the replicas at its first
+        call, which comes after ``deploy`` (rows are admitted only then)."""
         cfg = self.cfg
         self.run_id = self.tracker.mlflow_run_id or uuid.uuid4().hex[:8]
         spec = AgentWorkerSpec.from_config(cfg, tokenizer_path=self.tokenizer_path,
@@ -207,13 +200,26 @@ class TrainingRun:
                                            openai_api_key=self.api_token.secret() if self.api_token else "")
         tracer_factory = _tracer_factory(cfg)
         agent = cfg.actor_rollout_ref.rollout.agent
+        rollout = rollout_handle(cfg.serve.app_name, deployed=False)
         self.workers = [AgentWorker.options(**agent.placement.actor_options()).remote(
-            spec, self.rollout, self.buffer, tracer_factory=tracer_factory, run_id=self.run_id, worker_index=i)
+            spec, rollout, self.buffer, tracer_factory=tracer_factory, run_id=self.run_id, worker_index=i)
             for i in range(agent.num_workers)]
-        nodes = ray.get([worker.node_id.remote() for worker in self.workers])
-        log.info("agent workers on node(s) %s", ", ".join(f"{n[:12]} ({nodes.count(n)})" for n in sorted(set(nodes))))
         self.validator = Validator.from_config(cfg, self.val_rows, self.workers, self.run_id) if self.val_rows else None
         self.reporter = Reporter(cfg, self.tracker, self.tokenizer)
+
+    def deploy(self) -> None:
+        """The rollout engines: attach to an app deployed with ``serve deploy``, or deploy it; version 0 is the start
+        policy (the base model, or ``model.lora_adapter_path``). Then every agent worker started (an error in one's
+        constructor is raised here) and where they run logged."""
+        cfg = self.cfg
+        base = AdapterRef(version=0, path=cfg.actor_rollout_ref.model.lora_adapter_path or "")
+        if self.attached:
+            attach_rollout_app(cfg.serve.app_name, base=base)
+        else:
+            deploy_rollout_app(cfg, base=base)
+        log.info("%s rollout app %r", "attached to" if self.attached else "deployed", cfg.serve.app_name)
+        nodes = ray.get([worker.node_id.remote() for worker in self.workers])
+        log.info("agent workers on node(s) %s", ", ".join(f"{n[:12]} ({nodes.count(n)})" for n in sorted(set(nodes))))
         self.started = time.perf_counter()
 
     def validate_only(self) -> int:
